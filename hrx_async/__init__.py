@@ -1,0 +1,91 @@
+"""hrx_async: an asyncio- and trio-native coordination runtime for GPU and NPU work.
+
+Allocate buffers, record graphs of fills, copies, GPU kernels, NPU kernels and
+host functions over declared accesses, prepare them once and replay them with
+`await prepared.submit()`. Dependencies are inferred from the accesses, byte
+range by byte range, within and across submissions.
+"""
+
+from .completion import Completion, CompletionProfile
+from .contract import Access, Binding, Constants, KernelContract
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    BudgetExceeded,
+    Busy,
+    Cancelled,
+    CompileError,
+    ContractError,
+    DependencyFailed,
+    DeviceLost,
+    ExecutionError,
+    HrxError,
+    PoisonedError,
+    RuntimeClosed,
+    Unsupported,
+)
+from .graph import Graph
+from .kernels import GpuKernel, KernelSource, NpuKernel
+from .lanes.lane import Lane
+from .memory import (
+    GPU_LOCAL,
+    HOST_VISIBLE,
+    Buffer,
+    HostMapping,
+    MemoryBudget,
+    Placement,
+    View,
+    npu_local,
+    shared,
+)
+from .prepared import PreparedGraph
+from .runtime import GpuDevice, NpuDevice, Runtime
+from .stats import Statistics
+from .trace import ExecutionTrace, TraceEvent
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPU_LOCAL",
+    "HOST_VISIBLE",
+    "Access",
+    "BackendError",
+    "BackendUnavailable",
+    "Binding",
+    "BudgetExceeded",
+    "Buffer",
+    "Busy",
+    "Cancelled",
+    "CompileError",
+    "Completion",
+    "CompletionProfile",
+    "Constants",
+    "ContractError",
+    "DependencyFailed",
+    "DeviceLost",
+    "ExecutionError",
+    "ExecutionTrace",
+    "GpuDevice",
+    "GpuKernel",
+    "Graph",
+    "HostMapping",
+    "HrxError",
+    "KernelContract",
+    "KernelSource",
+    "Lane",
+    "MemoryBudget",
+    "NpuDevice",
+    "NpuKernel",
+    "Placement",
+    "PoisonedError",
+    "PreparedGraph",
+    "Runtime",
+    "RuntimeClosed",
+    "Statistics",
+    "TraceEvent",
+    "Unsupported",
+    "View",
+    "__version__",
+    "npu_local",
+    "shared",
+]

@@ -1,0 +1,116 @@
+"""In-order worker-thread queues with thread-side fences.
+
+The sim backend runs each lane on one of these, and the runtime's host lane
+runs plain host functions on one. A device-side wait is a wait inside the
+worker before it runs the item, so chains on one backend never touch the
+event loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from ..errors import Cancelled
+
+Preflight = Callable[[], BaseException | None]
+"""Asked right before an item runs: None runs it, `Cancelled` skips it, other errors fail it."""
+
+
+class Runnable(Protocol):
+    native_graph: bool
+
+    def run(self) -> None: ...
+
+
+class ThreadFence:
+    """Finished when its worker has run (or skipped, or failed) the item."""
+
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_skipped", "finished_at", "started_at")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._error: BaseException | None = None
+        self._skipped = False
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def query(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def skipped(self) -> bool:
+        return self._skipped
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def finish(self, error: BaseException | None = None, skipped: bool = False) -> None:
+        self._error = error
+        self._skipped = skipped
+        self.finished_at = time.perf_counter()
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+_STOP = object()
+
+
+class WorkerQueue:
+    """One daemon thread executing submitted programs in FIFO order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, program: Runnable, waits: Sequence[Any], preflight: Preflight) -> ThreadFence:
+        fence = ThreadFence()
+        self._items.put((program, tuple(waits), preflight, fence))
+        return fence
+
+    def close(self) -> None:
+        self._items.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+    def _work(self) -> None:
+        while True:
+            item = self._items.get()
+            if item is _STOP:
+                return
+            program, waits, preflight, fence = item
+            for dependency in waits:
+                dependency.wait()
+            refusal = preflight()
+            if refusal is not None:
+                if isinstance(refusal, Cancelled):
+                    fence.finish(skipped=True)
+                else:
+                    fence.finish(refusal)
+                continue
+            fence.started_at = time.perf_counter()
+            try:
+                program.run()
+            except BaseException as exc:
+                fence.finish(exc)
+            else:
+                fence.finish()

@@ -1,0 +1,165 @@
+"""What a backend implements. The runtime owns ordering; a backend only executes.
+
+A backend allocates native storage per placement, prepares a region's
+operations into a replayable program once, and runs programs on per-lane
+in-order queues. Every submitted program yields a `Fence`. A queue can be
+told to wait on the device for fences of the same backend before it runs a
+program; waits on anything else are the runtime's, on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..contract import KernelContract
+from ..kernels import GpuKernel, KernelSource, NpuKernel
+from ..lanes.lane import Lane
+from ..memory import Placement
+from ..ops import Op
+
+QueueKey = tuple[Lane, int]
+"""A lane and the device index it serves (NPU lanes are per NPU)."""
+
+HostArray = Callable[[Any, int, int], np.ndarray[Any, np.dtype[np.uint8]]]
+"""(storage, offset, nbytes) -> a uint8 numpy array over host-mapped storage, zero-copy."""
+
+
+class Fence(Protocol):
+    """A token that a submitted program has finished (successfully, failed or skipped).
+
+    `add_done_callback` callbacks may run on any thread; they must be quick and
+    thread-safe (the runtime hands them to the event loop).
+    """
+
+    started_at: float | None
+    finished_at: float | None
+
+    def query(self) -> bool:
+        """True once finished. Never blocks."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block the calling thread (never the event loop) until finished or timeout."""
+        ...
+
+    def error(self) -> BaseException | None:
+        """The failure, once finished; None on success."""
+        ...
+
+    def skipped(self) -> bool:
+        """True when the program was cancelled before it started."""
+        ...
+
+    def add_done_callback(self, callback: Callable[[Fence], None]) -> None:
+        """Call `callback(fence)` once finished (at once if it already is)."""
+        ...
+
+
+class Program(Protocol):
+    """A region's operations prepared once for replay."""
+
+    native_graph: bool
+    """True when the region became one native graph launch."""
+
+
+class LaneQueue(Protocol):
+    """An in-order queue of one lane on one backend."""
+
+    def submit(
+        self, program: Any, waits: Sequence[Fence], preflight: Callable[[], BaseException | None]
+    ) -> Fence:
+        """Enqueue device-side waits on `waits` (fences of this backend), then `program`.
+
+        Never blocks. `preflight()` is asked as late as the backend can (sim: on
+        the worker, right before the program starts; native streams: now): None
+        runs the program, a `Cancelled` skips it, another error fails its fence
+        without running it.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A device layer: memory, queues, programs and kernels."""
+
+    name: str
+    target: str
+    """The GPU code target kernels are built for ("sm_90", "gfx1151", "sim")."""
+
+    native_graphs_prepared: int
+    copy_streams_created: int
+
+    def allocate(self, nbytes: int, placement: Placement) -> Any:
+        """Zeroed native storage of `nbytes` for `placement`."""
+        ...
+
+    def free(self, storage: Any) -> None: ...
+
+    def host_array(
+        self, storage: Any, offset: int, nbytes: int
+    ) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Host-mapped bytes of storage whose placement is host-mappable (zero-copy)."""
+        ...
+
+    def queue(self, key: QueueKey) -> LaneQueue:
+        """The queue serving `key`, created on first use."""
+        ...
+
+    def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> Program:
+        """Turn a region's operations into a program replayed by `LaneQueue.submit`."""
+        ...
+
+    def load_gpu_kernel(
+        self,
+        source: KernelSource,
+        name: str,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        contract: KernelContract,
+        defines: dict[str, str],
+    ) -> Any:
+        """The native handle of a GPU kernel (compiled or loaded for `target`)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Devices, versions and targets, for `hrx-async info`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NpuBackend(Protocol):
+    """NPU devices: each has a target and runs programs on its own lane."""
+
+    name: str
+
+    def npu_count(self) -> int: ...
+
+    def npu_target(self, npu: int) -> str: ...
+
+    def load_npu_kernel(
+        self, npu: int, source: KernelSource, name: str, columns: int, contract: KernelContract
+    ) -> Any: ...
+
+    def queue(self, key: QueueKey) -> LaneQueue: ...
+
+    def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> Program: ...
+
+    def close(self) -> None: ...
+
+
+__all__ = [
+    "Backend",
+    "Fence",
+    "GpuKernel",
+    "HostArray",
+    "LaneQueue",
+    "NpuBackend",
+    "NpuKernel",
+    "Program",
+    "QueueKey",
+]

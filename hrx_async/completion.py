@@ -1,0 +1,136 @@
+"""Completion: the awaitable outcome of one submission.
+
+Awaiting never cancels anything: cancelling the awaiting task only stops the
+wait. `cancel()` is the one way to skip work, and it skips only regions that
+have not started. Other threads use `wait(timeout)`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .errors import Busy
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionProfile:
+    """Host-observed times of one submission, in microseconds."""
+
+    elapsed_us: float
+    """From submit() to the completion resolving."""
+    queue_us: float | None
+    """From submit() to the first region starting (None if none ran)."""
+
+
+class Completion:
+    """The outcome of one submission (await it, or poll `done()`)."""
+
+    __slots__ = (
+        "_cancel",
+        "_error",
+        "_event",
+        "_thread_event",
+        "_waiters_lock",
+        "finished_at",
+        "label",
+        "started_at",
+        "submitted_at",
+    )
+
+    def __init__(self, label: str, cancel: Callable[[], None]) -> None:
+        self.label = label
+        self._cancel: Callable[[], None] | None = cancel
+        self._error: BaseException | None = None
+        self._event: anyio.Event | None = None
+        self._thread_event: threading.Event | None = None
+        self._waiters_lock = threading.Lock()
+        self.submitted_at = time.perf_counter()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    # -- called by the scheduler on the loop thread ---------------------------------
+
+    def _resolve(self, error: BaseException | None) -> None:
+        if self.finished_at is not None:
+            return
+        self._error = error
+        self._cancel = None
+        with self._waiters_lock:
+            self.finished_at = time.perf_counter()
+            thread_event = self._thread_event
+        if self._event is not None:
+            self._event.set()
+        if thread_event is not None:
+            thread_event.set()
+
+    def _mark_started(self, when: float) -> None:
+        if self.started_at is None or when < self.started_at:
+            self.started_at = when
+
+    # -- public ----------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def result(self) -> None:
+        """Return if the submission succeeded, raise its error if it failed; never waits."""
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished; await it or use wait()")
+        if self._error is not None:
+            raise self._error
+
+    def exception(self) -> BaseException | None:
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished")
+        return self._error
+
+    def cancel(self) -> bool:
+        """Skip the regions that have not started; running ones drain. False if already done."""
+        cancel = self._cancel
+        if cancel is None:
+            return False
+        cancel()
+        return True
+
+    async def wait_done(self) -> None:
+        """Wait until finished without raising the submission's error."""
+        if self.finished_at is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+
+    async def _wait(self) -> None:
+        await self.wait_done()
+        self.result()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._wait().__await__()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this (non-loop) thread until finished; False on timeout, changing nothing."""
+        with self._waiters_lock:
+            if self.finished_at is not None:
+                return True
+            if self._thread_event is None:
+                self._thread_event = threading.Event()
+            event = self._thread_event
+        return event.wait(timeout)
+
+    @property
+    def profile(self) -> CompletionProfile:
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished; no profile yet")
+        queue_us = None
+        if self.started_at is not None:
+            queue_us = max(0.0, (self.started_at - self.submitted_at) * 1e6)
+        return CompletionProfile((self.finished_at - self.submitted_at) * 1e6, queue_us)
+
+    def __repr__(self) -> str:
+        state = "pending" if self.finished_at is None else ("failed" if self._error else "done")
+        return f"<Completion {self.label!r} {state}>"

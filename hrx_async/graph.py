@@ -1,0 +1,400 @@
+"""Recording graphs and preparing them (pure: no I/O, no event loop, no device).
+
+`Graph` records nodes, validating each at once; `plan()` cuts the nodes into
+regions, infers the edges between regions with the access tracker and
+summarises each region's accesses. The runtime turns a plan into a
+`PreparedGraph` by adding the backend's native artifacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .contract import Access, KernelContract
+from .errors import ContractError
+from .kernels import GpuKernel, NpuKernel
+from .lanes.lane import Lane
+from .memory import Buffer, Domain, View
+from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
+from .tracker import AccessTracker, merge_intervals
+
+if TYPE_CHECKING:
+    from .prepared import PreparedGraph
+
+_COPY_LANES = (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One recorded operation: its lane, what it does and the bytes it touches."""
+
+    index: int
+    lane: Lane
+    op: Op
+    accesses: tuple[tuple[View, Access], ...]
+    npu: int | None = None
+
+    @property
+    def own_region(self) -> bool:
+        """NPU and host nodes are each a region of their own."""
+        return self.lane in (Lane.NPU, Lane.HOST)
+
+    @property
+    def kind(self) -> str:
+        return type(self.op).__name__.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Bytes [start, end) of one buffer."""
+
+    buffer: Buffer
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegionPlan:
+    """A maximal run of consecutive nodes on one lane (NPU and host nodes alone)."""
+
+    index: int
+    lane: Lane
+    nodes: tuple[int, ...]
+    ops: tuple[Op, ...]
+    reads: tuple[Interval, ...]
+    writes: tuple[Interval, ...]
+    copy_bytes: int
+    npu: int | None = None
+
+    @property
+    def queue_key(self) -> tuple[Lane, int]:
+        """Lanes are per device: each NPU has its own NPU lane."""
+        return (self.lane, self.npu or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPlan:
+    """Everything preparation decides that does not depend on a backend."""
+
+    label: str
+    domain: Domain
+    nodes: tuple[Node, ...]
+    regions: tuple[RegionPlan, ...]
+    edges: frozenset[tuple[int, int]]
+    reads: tuple[Interval, ...]
+    writes: tuple[Interval, ...]
+    overwrites: tuple[Buffer, ...]
+    """Buffers some node writes completely before any node of the graph reads them."""
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        seen: dict[int, Buffer] = {}
+        for interval in self.reads + self.writes:
+            seen.setdefault(interval.buffer.ident, interval.buffer)
+        return tuple(seen.values())
+
+
+def tracked_range(view: View) -> tuple[int, int]:
+    """The byte range ordering uses: shared memory is ordered as a whole allocation."""
+    if view.buffer.placement.tracked_whole:
+        return (0, view.buffer.nbytes)
+    return (view.offset, view.end)
+
+
+class Graph:
+    """Records fills, copies, GPU kernels, NPU kernels and host functions over views.
+
+    Every method validates its input at once and returns the new node's index;
+    a rejected call leaves the graph unchanged.
+    """
+
+    def __init__(
+        self,
+        domain: Domain,
+        label: str = "graph",
+        preparer: Callable[[GraphPlan], PreparedGraph] | None = None,
+    ) -> None:
+        self.domain = domain
+        self.label = label
+        self._nodes: list[Node] = []
+        self._preparer = preparer
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return tuple(self._nodes)
+
+    # -- recording -------------------------------------------------------------------
+
+    def fill(self, view: View, value: int) -> int:
+        """Set every byte of `view` to `value` (compute lane)."""
+        self._check_view(view, "fill")
+        if not isinstance(value, int) or not 0 <= value <= 255:
+            raise ContractError(f"fill value must be a byte 0..255, got {value!r}")
+        return self._add(Lane.COMPUTE, Fill(view, value), ((view, Access.WRITE),))
+
+    def copy(self, dst: View, src: View, lane: Lane | None = None) -> int:
+        """Copy `src` into `dst`. The lane follows placements unless forced:
+        host-side → GPU-side is upload, GPU-side → host-side download, else compute."""
+        self._check_view(dst, "copy destination")
+        self._check_view(src, "copy source")
+        if dst.nbytes != src.nbytes:
+            raise ContractError(
+                f"copy lengths differ: destination {dst.nbytes} bytes, source {src.nbytes} bytes"
+            )
+        if dst.overlaps(src):
+            raise ContractError(f"copy source {src} and destination {dst} overlap")
+        if lane is None:
+            lane = _copy_lane(dst, src)
+        elif lane not in _COPY_LANES:
+            raise ContractError(f"a copy runs on upload, compute or download, not {lane!r}")
+        return self._add(lane, Copy(dst, src), ((src, Access.READ), (dst, Access.WRITE)))
+
+    def gpu(self, kernel: GpuKernel, views: Sequence[View], allow_alias: bool = False) -> int:
+        """Launch a loaded GPU kernel on `views`, one per contract binding (compute lane)."""
+        if not isinstance(kernel, GpuKernel):
+            raise ContractError(f"gpu() takes a kernel from load_gpu_kernel, got {kernel!r}")
+        bound = self._check_kernel(kernel.name, kernel.domain, kernel.contract, views, allow_alias)
+        for view in bound:
+            if not view.buffer.placement.gpu_bindable:
+                raise ContractError(
+                    f"GPU kernel {kernel.name!r} cannot bind {view} with placement "
+                    f"{view.buffer.placement}: NPU-local memory is not visible to the GPU"
+                )
+        accesses = tuple(zip(bound, (b.access for b in kernel.contract.bindings), strict=True))
+        return self._add(Lane.COMPUTE, Launch(kernel, bound), accesses)
+
+    def npu(self, kernel: NpuKernel, views: Sequence[View]) -> int:
+        """Run a loaded NPU program on `views` (its own region on that NPU's lane)."""
+        if not isinstance(kernel, NpuKernel):
+            raise ContractError(f"npu() takes a kernel from load_artifact, got {kernel!r}")
+        bound = self._check_kernel(kernel.name, kernel.domain, kernel.contract, views, False)
+        for view in bound:
+            if not view.buffer.placement.npu_bindable(kernel.npu):
+                raise ContractError(
+                    f"NPU kernel {kernel.name!r} on NPU {kernel.npu} cannot bind {view} with "
+                    f"placement {view.buffer.placement}: use npu_local({kernel.npu}) or "
+                    f"shared({kernel.npu})"
+                )
+        accesses = tuple(zip(bound, (b.access for b in kernel.contract.bindings), strict=True))
+        return self._add(Lane.NPU, NpuLaunch(kernel, bound), accesses, npu=kernel.npu)
+
+    def host(self, fn: Callable[..., Any], accesses: Iterable[tuple[View, Access]]) -> int:
+        """Run `fn(*arrays)` on the host lane, one uint8 array per access (read-only for READ).
+
+        `fn` may be a plain function (run in a worker thread) or an `async def`
+        function (awaited on the event loop). Views must be host-mappable.
+        """
+        if not callable(fn):
+            raise ContractError(f"host() takes a callable, got {fn!r}")
+        pairs = tuple(accesses)
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Access)):
+                raise ContractError(f"host() accesses are (view, Access) pairs, got {pair!r}")
+            view = pair[0]
+            self._check_view(view, "host function access")
+            if not view.buffer.placement.host_mappable:
+                raise ContractError(
+                    f"host function cannot access {view}: {view.buffer.placement} memory is not "
+                    "host-mappable; copy it to HOST_VISIBLE memory first"
+                )
+        _check_aliasing("host function", [(v, a.writes) for v, a in pairs], allow=False)
+        views = tuple(v for v, _ in pairs)
+        return self._add(Lane.HOST, HostCall(fn, views, tuple(a for _, a in pairs)), pairs)
+
+    # -- preparation -----------------------------------------------------------------
+
+    def plan(self) -> GraphPlan:
+        """Regions, edges and access summaries of the nodes recorded so far."""
+        if not self._nodes:
+            raise ContractError(f"graph {self.label!r} is empty: record at least one operation")
+        for node in self._nodes:
+            for view, _ in node.accesses:
+                view.buffer.check_alive()
+        return plan_graph(self.label, self.domain, self._nodes)
+
+    def prepare(self) -> PreparedGraph:
+        """Validate, plan and build the backend's artifacts. The graph can still be extended
+        and prepared again; prepared graphs are independent of it."""
+        if self._preparer is None:
+            raise ContractError("this graph has no runtime; record it with Runtime.graph()")
+        return self._preparer(self.plan())
+
+    # -- validation ------------------------------------------------------------------
+
+    def _add(
+        self,
+        lane: Lane,
+        op: Op,
+        accesses: tuple[tuple[View, Access], ...],
+        npu: int | None = None,
+    ) -> int:
+        index = len(self._nodes)
+        self._nodes.append(Node(index, lane, op, accesses, npu))
+        return index
+
+    def _check_view(self, view: object, what: str) -> View:
+        if not isinstance(view, View):
+            raise ContractError(
+                f"{what} must be a View (buffer.view() or buffer[a:b]), got {view!r}"
+            )
+        buffer = view.buffer
+        if buffer.domain is not self.domain:
+            raise ContractError(
+                f"{what} {view} belongs to another runtime ({buffer.domain.label}); "
+                f"this graph records for {self.domain.label}"
+            )
+        buffer.check_alive()
+        if view.offset < 0 or view.nbytes < 1 or view.end > buffer.nbytes:
+            raise ContractError(
+                f"{what} {view} is outside its {buffer.nbytes}-byte buffer or empty"
+            )
+        return view
+
+    def _check_kernel(
+        self,
+        name: str,
+        domain: Domain,
+        contract: KernelContract,
+        views: Sequence[View],
+        allow_alias: bool,
+    ) -> tuple[View, ...]:
+        if domain is not self.domain:
+            raise ContractError(f"kernel {name!r} was loaded by another runtime")
+        bound = tuple(views)
+        bindings = contract.bindings
+        if len(bound) != len(bindings):
+            raise ContractError(
+                f"kernel {name!r} takes {len(bindings)} views (one per binding), got {len(bound)}"
+            )
+        for index, (view, binding) in enumerate(zip(bound, bindings, strict=True)):
+            what = f"kernel {name!r} {binding.describe(index)}"
+            self._check_view(view, what)
+            if view.nbytes < binding.nbytes:
+                raise ContractError(
+                    f"{what} needs at least {binding.nbytes} bytes, got a {view.nbytes}-byte view"
+                )
+            if view.offset % binding.alignment:
+                raise ContractError(
+                    f"{what} needs {binding.alignment}-byte alignment, got offset {view.offset}"
+                )
+        pairs = [(v, b.access.writes) for v, b in zip(bound, bindings, strict=True)]
+        _check_aliasing(f"kernel {name!r}", pairs, allow=allow_alias)
+        return bound
+
+
+def _copy_lane(dst: View, src: View) -> Lane:
+    src_host, dst_host = src.buffer.placement.host_side, dst.buffer.placement.host_side
+    if src_host and not dst_host:
+        return Lane.UPLOAD
+    if dst_host and not src_host:
+        return Lane.DOWNLOAD
+    return Lane.COMPUTE
+
+
+def _check_aliasing(what: str, pairs: Sequence[tuple[View, bool]], allow: bool) -> None:
+    if allow:
+        return
+    for i, (first, first_writes) in enumerate(pairs):
+        for second, second_writes in pairs[i + 1 :]:
+            if (first_writes or second_writes) and first.overlaps(second):
+                raise ContractError(
+                    f"{what}: {first} and {second} overlap and one of them is written; "
+                    "pass disjoint views (or allow_alias=True for a kernel that handles it)"
+                )
+
+
+def _cut_regions(nodes: Sequence[Node]) -> list[list[Node]]:
+    groups: list[list[Node]] = []
+    for node in nodes:
+        last = groups[-1] if groups else None
+        if last is None or node.own_region or last[0].own_region or last[0].lane != node.lane:
+            groups.append([node])
+        else:
+            last.append(node)
+    return groups
+
+
+def _summarise(
+    accesses: Iterable[tuple[View, Access]],
+) -> tuple[tuple[Interval, ...], tuple[Interval, ...]]:
+    reads: dict[int, list[tuple[int, int]]] = {}
+    writes: dict[int, list[tuple[int, int]]] = {}
+    buffers: dict[int, Buffer] = {}
+    for view, access in accesses:
+        buffers[view.buffer.ident] = view.buffer
+        span = tracked_range(view)
+        if access.reads:
+            reads.setdefault(view.buffer.ident, []).append(span)
+        if access.writes:
+            writes.setdefault(view.buffer.ident, []).append(span)
+
+    def flatten(table: dict[int, list[tuple[int, int]]]) -> tuple[Interval, ...]:
+        return tuple(
+            Interval(buffers[key], start, end)
+            for key, spans in table.items()
+            for start, end in merge_intervals(spans)
+        )
+
+    return flatten(reads), flatten(writes)
+
+
+def plan_graph(label: str, domain: Domain, nodes: Sequence[Node]) -> GraphPlan:
+    """Cut `nodes` into regions and infer the edges between them. O(nodes)."""
+    tracker: AccessTracker[int] = AccessTracker()
+    region_of: list[int] = []
+    regions: list[RegionPlan] = []
+    edges: set[tuple[int, int]] = set()
+    for region_index, group in enumerate(_cut_regions(nodes)):
+        for node in group:
+            region_of.append(region_index)
+            for view, access in node.accesses:
+                start, end = tracked_range(view)
+                for dep in tracker.record(view.buffer.ident, start, end, access.writes, node.index):
+                    source = region_of[dep]
+                    if source != region_index:
+                        edges.add((source, region_index))
+        reads, writes = _summarise(a for node in group for a in node.accesses)
+        copy_bytes = sum(n.op.dst.nbytes for n in group if isinstance(n.op, Copy))
+        regions.append(
+            RegionPlan(
+                index=region_index,
+                lane=group[0].lane,
+                nodes=tuple(n.index for n in group),
+                ops=tuple(n.op for n in group),
+                reads=reads,
+                writes=writes,
+                copy_bytes=copy_bytes,
+                npu=group[0].npu,
+            )
+        )
+    all_reads, all_writes = _summarise(a for node in nodes for a in node.accesses)
+    return GraphPlan(
+        label=label,
+        domain=domain,
+        nodes=tuple(nodes),
+        regions=tuple(regions),
+        edges=frozenset(edges),
+        reads=all_reads,
+        writes=all_writes,
+        overwrites=_overwritten_before_read(nodes),
+    )
+
+
+def _overwritten_before_read(nodes: Sequence[Node]) -> tuple[Buffer, ...]:
+    read: set[int] = set()
+    cleared: dict[int, Buffer] = {}
+    for node in nodes:
+        for view, access in node.accesses:
+            key = view.buffer.ident
+            if access.reads and key not in cleared:
+                read.add(key)
+        for view, access in node.accesses:
+            whole = view.offset == 0 and view.nbytes == view.buffer.nbytes
+            if access is Access.WRITE and whole and view.buffer.ident not in read:
+                cleared.setdefault(view.buffer.ident, view.buffer)
+    return tuple(cleared.values())

@@ -1,0 +1,492 @@
+"""Admission, lane tasks and region completion.
+
+`Scheduler.submit` is synchronous: it checks the submission, registers each
+region's byte ranges with the tracker (so ordering across submissions is per
+byte range, in call order) and queues the regions on their lanes. Each lane is
+one async task that takes its next region, waits for its dependencies (on the
+device when producer and consumer share a backend, on the host otherwise),
+issues it and moves on without waiting for the device. Fences come back
+through the loop notifier, which finishes regions and submissions.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from ..completion import Completion
+from ..errors import (
+    Busy,
+    Cancelled,
+    ContractError,
+    DependencyFailed,
+    DeviceLost,
+    ExecutionError,
+    HrxError,
+    PoisonedError,
+    RuntimeClosed,
+)
+from ..graph import Interval, RegionPlan
+from ..stats import Counters
+from ..trace import TraceEvent, TraceRecorder
+from ..tracker import AccessTracker
+from .host import AsyncHostProgram
+from .lane import Lane
+from .notify import LoopNotifier
+
+if TYPE_CHECKING:
+    from ..backends.base import Fence, LaneQueue
+    from ..prepared import PreparedGraph
+
+QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
+
+
+def is_sticky(error: BaseException) -> bool:
+    """Errors after which the device can run nothing more."""
+    return isinstance(error, DeviceLost) or bool(getattr(error, "sticky", False))
+
+
+class RegionRun:
+    """One region of one submission on its way through a lane."""
+
+    __slots__ = (
+        "deps",
+        "done_waiters",
+        "error",
+        "fence",
+        "issued_waiters",
+        "lane",
+        "plan",
+        "program",
+        "provider",
+        "queue",
+        "started_at",
+        "state",
+        "submission",
+    )
+
+    def __init__(
+        self, submission: Submission, plan: RegionPlan, program: Any, provider: object
+    ) -> None:
+        self.submission = submission
+        self.plan = plan
+        self.program = program
+        self.provider = provider
+        self.deps: list[RegionRun] = []
+        self.state = QUEUED
+        self.fence: Fence | None = None
+        self.error: BaseException | None = None
+        self.started_at: float | None = None
+        self.issued_waiters: list[anyio.Event] | None = None
+        self.done_waiters: list[anyio.Event] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state >= DONE
+
+    async def wait_issued(self) -> None:
+        if self.state == QUEUED:
+            event = anyio.Event()
+            if self.issued_waiters is None:
+                self.issued_waiters = []
+            self.issued_waiters.append(event)
+            await event.wait()
+
+    async def wait_finished(self) -> None:
+        if self.state < DONE:
+            event = anyio.Event()
+            if self.done_waiters is None:
+                self.done_waiters = []
+            self.done_waiters.append(event)
+            await event.wait()
+
+    def on_fence(self, fence: Any) -> None:
+        self.submission.scheduler.notifier.post(self.submission.scheduler.fence_done, self)
+
+    def failure_of_dependencies(self) -> BaseException | None:
+        """Why this region must not run, judged from its dependencies and its submission.
+
+        Safe from worker threads: it reads fences, not loop-side state.
+        """
+        submission = self.submission
+        if submission.error is not None:
+            return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
+        if submission.cancelled:
+            return Cancelled(f"submission of {submission.label!r} was cancelled")
+        for dep in self.deps:
+            fence = dep.fence
+            cause = fence.error() if fence is not None and fence.query() else dep.error
+            if cause is None:
+                continue
+            if dep.submission is submission:
+                return DependencyFailed(f"not run: region {dep.plan.index} failed")
+            buffer = _first_overlap(dep.plan.writes, self.plan.reads)
+            if buffer is not None:
+                return PoisonedError(buffer, cause)
+        return None
+
+
+def _first_overlap(writes: Sequence[Interval], reads: Sequence[Interval]) -> str | None:
+    for w in writes:
+        for r in reads:
+            if w.buffer is r.buffer and w.start < r.end and r.start < w.end:
+                return w.buffer.label
+    return None
+
+
+class Submission:
+    """One `submit()` of a prepared graph."""
+
+    __slots__ = (
+        "after",
+        "cancelled",
+        "completion",
+        "error",
+        "label",
+        "remaining",
+        "runs",
+        "scheduler",
+    )
+
+    def __init__(self, scheduler: Scheduler, label: str, after: tuple[Completion, ...]) -> None:
+        self.scheduler = scheduler
+        self.label = label
+        self.after = after
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.runs: list[RegionRun] = []
+        self.remaining = 0
+        self.completion = Completion(label, self.cancel)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.scheduler.cancel_waiting(self)
+
+
+class LaneRunner:
+    """One lane's task: issues its regions in FIFO order."""
+
+    def __init__(self, scheduler: Scheduler, key: tuple[Lane, int]) -> None:
+        self.scheduler = scheduler
+        self.key = key
+        self.items: collections.deque[RegionRun] = collections.deque()
+        self.wakeup: anyio.Event | None = None
+        self.closing = False
+
+    def push(self, run: RegionRun) -> None:
+        self.items.append(run)
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    def close(self) -> None:
+        self.closing = True
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    async def serve(self) -> None:
+        items = self.items
+        issue = self.scheduler.issue
+        while True:
+            if not items:
+                if self.closing:
+                    return
+                self.wakeup = anyio.Event()
+                await self.wakeup.wait()
+                self.wakeup = None
+                continue
+            await issue(items.popleft())
+
+
+class Scheduler:
+    """Owns admission order, lanes and the life of every region."""
+
+    def __init__(
+        self,
+        task_group: anyio.abc.TaskGroup,
+        counters: Counters,
+        max_submissions: int,
+        on_device_lost: Callable[[BaseException], None],
+    ) -> None:
+        self.notifier = LoopNotifier()
+        self.task_group = task_group
+        self.counters = counters
+        self.max_submissions = max_submissions
+        self.on_device_lost = on_device_lost
+        self.tracker: AccessTracker[object] = AccessTracker()
+        self.lanes: dict[tuple[Lane, int], LaneRunner] = {}
+        self.in_flight = 0
+        self.waiting: collections.deque[Submission] = collections.deque()
+        self.live = 0
+        self.idle: anyio.Event | None = None
+        self.trace: TraceRecorder | None = None
+        self.trace_origin = 0.0
+        self.lost: BaseException | None = None
+        self.closed = False
+
+    # -- admission -------------------------------------------------------------
+
+    def submit(
+        self, prepared: PreparedGraph, after: Iterable[Completion], nowait: bool
+    ) -> Completion:
+        if self.closed:
+            raise RuntimeClosed("the runtime is closed; submit inside `async with Runtime()`")
+        if self.lost is not None:
+            raise DeviceLost(f"the device was lost ({self.lost}); open a new runtime")
+        plan = prepared.plan
+        for buffer in plan.buffers:
+            buffer.check_alive()
+        overwrites = plan.overwrites
+        for interval in plan.reads:
+            buffer = interval.buffer
+            if buffer.poison is not None and buffer not in overwrites:
+                raise PoisonedError(buffer.label, buffer.poison)
+        prepared.runtime._check_mapping_conflicts(plan)
+        after_items = tuple(after)
+        for item in after_items:
+            if not isinstance(item, Completion):
+                raise ContractError(f"after= takes Completions of this runtime, got {item!r}")
+        if nowait and (self.in_flight >= self.max_submissions or self.waiting):
+            raise Busy(
+                f"{self.in_flight} submissions are in flight (max_submissions="
+                f"{self.max_submissions}); await one or use submit()"
+            )
+
+        submission = Submission(self, plan.label, after_items)
+        tracker = self.tracker
+        runs = submission.runs
+        for region, program, provider in zip(
+            plan.regions, prepared.programs, prepared.providers, strict=True
+        ):
+            run = RegionRun(submission, region, program, provider)
+            deps: set[object] = set()
+            for interval in region.reads:
+                deps |= tracker.record(
+                    interval.buffer.ident, interval.start, interval.end, False, run
+                )
+            for interval in region.writes:
+                deps |= tracker.record(
+                    interval.buffer.ident, interval.start, interval.end, True, run
+                )
+            run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
+            runs.append(run)
+        submission.remaining = len(runs)
+        for buffer in overwrites:
+            buffer.poison = None
+        self.counters.submissions += 1
+        self.live += 1
+        if self.in_flight < self.max_submissions and not self.waiting:
+            self._admit(submission)
+        else:
+            self.waiting.append(submission)
+        return submission.completion
+
+    def _admit(self, submission: Submission) -> None:
+        self.in_flight += 1
+        lanes = self.lanes
+        for run in submission.runs:
+            key = run.plan.queue_key
+            lane = lanes.get(key)
+            if lane is None:
+                lane = lanes[key] = LaneRunner(self, key)
+                self.task_group.start_soon(lane.serve, name=f"hrx-lane-{key[0].label}-{key[1]}")
+            lane.push(run)
+
+    def cancel_waiting(self, submission: Submission) -> None:
+        """A cancelled submission still waiting for admission finishes at once."""
+        if submission in self.waiting:
+            self.waiting.remove(submission)
+            self.in_flight += 1  # balanced by _finish_submission
+            for run in submission.runs:
+                self.finish(run, None, skipped=True)
+
+    # -- issuing ---------------------------------------------------------------
+
+    async def issue(self, run: RegionRun) -> None:
+        submission = run.submission
+        for item in submission.after:
+            if not item.done():
+                await item.wait_done()
+            if item._error is not None and submission.error is None:
+                cause = item._error
+                error: HrxError = (
+                    Cancelled(f"not run: submission {item.label!r} it follows was cancelled")
+                    if isinstance(cause, Cancelled)
+                    else DependencyFailed(f"not run: submission {item.label!r} it follows failed")
+                )
+                error.__cause__ = cause
+                submission.error = error
+        waits: list[Fence] = []
+        for dep in run.deps:
+            if dep.finished:
+                continue
+            if dep.provider is run.provider and not isinstance(run.program, AsyncHostProgram):
+                await dep.wait_issued()
+                if dep.fence is not None and not dep.finished:
+                    waits.append(dep.fence)
+            else:
+                await dep.wait_finished()
+        if self.lost is not None:
+            self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
+            return
+        refusal = run.failure_of_dependencies()
+        if refusal is not None:
+            if isinstance(refusal, Cancelled) and submission.error is None:
+                self.finish(run, None, skipped=True)
+            else:
+                self.finish(run, refusal)
+            return
+        program = run.program
+        if isinstance(program, AsyncHostProgram):
+            await self._run_inline(run, program)
+            return
+        run.state = ISSUED
+        run.started_at = time.perf_counter()
+        queue: LaneQueue = run.provider.queue(run.plan.queue_key)  # type: ignore[attr-defined]
+        try:
+            fence = queue.submit(program, waits, run.failure_of_dependencies)
+        except BaseException as exc:
+            self.finish(run, exc)
+            return
+        run.fence = fence
+        waiters = run.issued_waiters
+        if waiters is not None:
+            run.issued_waiters = None
+            for event in waiters:
+                event.set()
+        fence.add_done_callback(run.on_fence)
+
+    async def _run_inline(self, run: RegionRun, program: AsyncHostProgram) -> None:
+        run.state = ISSUED
+        run.started_at = time.perf_counter()
+        try:
+            with anyio.CancelScope(shield=True):
+                await program.run()
+        except Exception as exc:
+            self.finish(run, exc)
+        else:
+            self.finish(run, None)
+
+    # -- completion ------------------------------------------------------------
+
+    def fence_done(self, run: RegionRun) -> None:
+        fence = run.fence
+        assert fence is not None
+        if fence.started_at is not None:
+            run.started_at = fence.started_at
+        self.finish(run, fence.error(), fence.skipped(), fence.finished_at)
+
+    def finish(
+        self,
+        run: RegionRun,
+        error: BaseException | None,
+        skipped: bool = False,
+        finished_at: float | None = None,
+    ) -> None:
+        if run.state >= DONE:
+            return
+        end = finished_at if finished_at is not None else time.perf_counter()
+        submission = run.submission
+        plan = run.plan
+        self.tracker.forget(run)
+        if error is not None:
+            run.state = FAILED
+            run.error = error
+            if is_sticky(error) and self.lost is None:
+                self.lost = error
+                self.on_device_lost(error)
+            if submission.error is None:
+                submission.error = (
+                    error
+                    if isinstance(error, PoisonedError | DependencyFailed | DeviceLost)
+                    else ExecutionError(submission.label, plan.index, error)
+                )
+            self._poison(plan, submission.error)
+        elif skipped:
+            run.state = SKIPPED
+            if submission.error is not None:
+                self._poison(plan, submission.error)
+        else:
+            run.state = DONE
+            if plan.copy_bytes:
+                self.counters.copied(plan.lane, plan.copy_bytes)
+        started = run.started_at
+        if started is not None and run.state != SKIPPED:
+            submission.completion._mark_started(started)
+        if self.trace is not None and started is not None:
+            self.trace.record(
+                TraceEvent(
+                    graph=submission.label,
+                    region=plan.index,
+                    lane=plan.lane,
+                    start_us=(started - self.trace_origin) * 1e6,
+                    duration_us=max(0.0, end - started) * 1e6,
+                    copied_bytes=plan.copy_bytes if run.state == DONE else 0,
+                    failed=run.state == FAILED,
+                )
+            )
+        run.deps = []
+        for waiters in (run.issued_waiters, run.done_waiters):
+            if waiters:
+                for event in waiters:
+                    event.set()
+        run.issued_waiters = run.done_waiters = None
+        submission.remaining -= 1
+        if submission.remaining == 0:
+            self._finish_submission(submission)
+
+    def _poison(self, plan: RegionPlan, error: BaseException) -> None:
+        for interval in plan.writes:
+            if interval.buffer.poison is None:
+                interval.buffer.poison = error if isinstance(error, HrxError) else None
+
+    def _finish_submission(self, submission: Submission) -> None:
+        error = submission.error
+        if error is None and any(run.state == SKIPPED for run in submission.runs):
+            error = Cancelled(f"submission of {submission.label!r} was cancelled")
+        submission.runs = []
+        self.counters.completions += 1
+        submission.completion._resolve(error)
+        self.in_flight -= 1
+        self.live -= 1
+        waiting = self.waiting
+        while waiting and self.in_flight < self.max_submissions:
+            self._admit(waiting.popleft())
+        if self.live == 0 and self.idle is not None:
+            self.idle.set()
+
+    # -- shutdown --------------------------------------------------------------
+
+    def fail_pending(self, error: BaseException) -> None:
+        """After a device loss: everything not yet issued fails."""
+        for lane in self.lanes.values():
+            while lane.items:
+                self.finish(lane.items.popleft(), error)
+        while self.waiting:
+            submission = self.waiting.popleft()
+            self.in_flight += 1
+            for run in submission.runs:
+                self.finish(run, error)
+
+    def cancel_all(self) -> None:
+        for lane in self.lanes.values():
+            for run in lane.items:
+                run.submission.cancelled = True
+        for submission in list(self.waiting):
+            submission.cancel()
+
+    async def drain(self) -> None:
+        """Wait until every submission has finished."""
+        while self.live:
+            self.idle = anyio.Event()
+            await self.idle.wait()
+        self.idle = None
+
+    def close_lanes(self) -> None:
+        self.closed = True
+        for lane in self.lanes.values():
+            lane.close()

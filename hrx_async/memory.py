@@ -1,0 +1,314 @@
+"""Placements, buffers, views and the memory budget.
+
+Buffers are created by a runtime (`Runtime.allocate`); this module holds the
+backend-neutral allocation record. Native storage is owned by the backend and
+reached through `Buffer.storage`. A `View` is a byte range of one buffer and is
+what every graph operation takes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import itertools
+import threading
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
+
+if TYPE_CHECKING:
+    from .errors import HrxError
+
+
+class PlacementKind(enum.Enum):
+    GPU_LOCAL = "gpu_local"
+    HOST_VISIBLE = "host_visible"
+    NPU_LOCAL = "npu_local"
+    SHARED = "shared"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where bytes live: `GPU_LOCAL`, `HOST_VISIBLE`, `npu_local(i)` or `shared(i)`."""
+
+    kind: PlacementKind
+    npu: int | None = None
+
+    @property
+    def host_mappable(self) -> bool:
+        """Device memory cannot be mapped; every other placement is host-mapped storage."""
+        return self.kind is not PlacementKind.GPU_LOCAL
+
+    @property
+    def gpu_bindable(self) -> bool:
+        return self.kind is not PlacementKind.NPU_LOCAL
+
+    def npu_bindable(self, npu: int) -> bool:
+        return self.kind in (PlacementKind.NPU_LOCAL, PlacementKind.SHARED) and self.npu == npu
+
+    @property
+    def host_side(self) -> bool:
+        """A copy from host side to GPU side is an upload; the other way, a download."""
+        return self.kind in (PlacementKind.HOST_VISIBLE, PlacementKind.NPU_LOCAL)
+
+    @property
+    def tracked_whole(self) -> bool:
+        """Shared memory is one GPU allocation imported into the NPU: ordered as a whole."""
+        return self.kind is PlacementKind.SHARED
+
+    def __str__(self) -> str:
+        return self.kind.value if self.npu is None else f"{self.kind.value}({self.npu})"
+
+
+GPU_LOCAL = Placement(PlacementKind.GPU_LOCAL)
+HOST_VISIBLE = Placement(PlacementKind.HOST_VISIBLE)
+
+
+def _npu_index(npu: int) -> int:
+    if not isinstance(npu, int) or isinstance(npu, bool) or npu < 0:
+        raise ContractError(f"an NPU index must be an integer >= 0, got {npu!r}")
+    return npu
+
+
+def npu_local(npu: int) -> Placement:
+    """Host-mapped storage of NPU `npu`; NPU kernels of that NPU bind it, GPU kernels cannot."""
+    return Placement(PlacementKind.NPU_LOCAL, _npu_index(npu))
+
+
+def shared(npu: int) -> Placement:
+    """One allocation both the GPU and NPU `npu` use without copies."""
+    return Placement(PlacementKind.SHARED, _npu_index(npu))
+
+
+_domain_ids = itertools.count(1)
+
+
+class Domain:
+    """An allocation and scheduling domain: one per runtime."""
+
+    __slots__ = ("ident", "label")
+
+    def __init__(self, label: str) -> None:
+        self.ident = next(_domain_ids)
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"<Domain {self.ident} {self.label}>"
+
+
+class BufferOwner(Protocol):
+    """What a buffer needs from the runtime that made it."""
+
+    domain: Domain
+
+    def _release_buffer(self, buffer: Buffer) -> None: ...
+
+    def _map(
+        self, view: View, write: bool, wait: bool
+    ) -> AbstractAsyncContextManager[memoryview]: ...
+
+    def _map_nowait(self, view: View, write: bool) -> HostMapping: ...
+
+
+_buffer_ids = itertools.count(1)
+
+
+class Buffer:
+    """Bytes with a placement, owned by one runtime. Starts zeroed.
+
+    `free()` gives the memory back (also done when the buffer is garbage collected).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_owner",
+        "_released",
+        "ident",
+        "label",
+        "nbytes",
+        "placement",
+        "poison",
+        "storage",
+    )
+
+    def __init__(
+        self, owner: BufferOwner, nbytes: int, placement: Placement, storage: Any, label: str = ""
+    ) -> None:
+        self._owner = owner
+        self.nbytes = nbytes
+        self.placement = placement
+        self.storage = storage
+        self.ident = next(_buffer_ids)
+        self.label = label or f"buffer#{self.ident}"
+        self._released = False
+        self.poison: HrxError | None = None
+
+    @property
+    def domain(self) -> Domain:
+        return self._owner.domain
+
+    @property
+    def freed(self) -> bool:
+        return self._released
+
+    def check_alive(self) -> None:
+        if self._released:
+            raise ContractError(f"{self.label} was freed; allocate a new buffer")
+
+    def view(self, offset: int = 0, nbytes: int | None = None) -> View:
+        """The bytes [offset, offset + nbytes) (to the end when nbytes is None)."""
+        return View(self, 0, self.nbytes).slice(offset, nbytes)
+
+    def __getitem__(self, key: builtins.slice) -> View:
+        return self.view()[key]
+
+    def free(self) -> None:
+        """Release the memory now. Raises `Busy` while submitted work or a mapping uses it."""
+        if not self._released:
+            self._owner._release_buffer(self)
+
+    def _mark_released(self) -> None:
+        self._released = True
+        self.storage = None
+
+    def map_read(self) -> AbstractAsyncContextManager[memoryview]:
+        return self.view().map_read()
+
+    def map_write(self) -> AbstractAsyncContextManager[memoryview]:
+        return self.view().map_write()
+
+    def map_read_nowait(self) -> HostMapping:
+        return self.view().map_read_nowait()
+
+    def map_write_nowait(self) -> HostMapping:
+        return self.view().map_write_nowait()
+
+    def __repr__(self) -> str:
+        state = " freed" if self._released else ""
+        return f"<Buffer {self.label} {self.nbytes} B {self.placement}{state}>"
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The byte range [offset, offset + nbytes) of one buffer. Offsets are absolute."""
+
+    buffer: Buffer
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def slice(self, offset: int = 0, nbytes: int | None = None) -> View:
+        """A sub-range, relative to this view; bounds-checked."""
+        if not isinstance(offset, int) or offset < 0 or offset > self.nbytes:
+            raise ContractError(
+                f"slice offset must be in 0..{self.nbytes} for a {self.nbytes}-byte view, "
+                f"got {offset!r}"
+            )
+        if nbytes is None:
+            nbytes = self.nbytes - offset
+        if not isinstance(nbytes, int) or nbytes < 1 or offset + nbytes > self.nbytes:
+            raise ContractError(
+                f"slice length must be 1..{self.nbytes - offset} at offset {offset} of a "
+                f"{self.nbytes}-byte view, got {nbytes!r}"
+            )
+        return View(self.buffer, self.offset + offset, nbytes)
+
+    def __getitem__(self, key: builtins.slice) -> View:
+        if not isinstance(key, builtins.slice) or key.step not in (None, 1):
+            raise ContractError(f"views are sliced by contiguous byte ranges [a:b], got {key!r}")
+        start, stop, _ = key.indices(self.nbytes)
+        return self.slice(start, stop - start)
+
+    def overlaps(self, other: View) -> bool:
+        return self.buffer is other.buffer and self.offset < other.end and other.offset < self.end
+
+    def map_read(self) -> AbstractAsyncContextManager[memoryview]:
+        """Wait for conflicting work, then map the bytes read-only (many readers may coexist)."""
+        return self.buffer._owner._map(self, write=False, wait=True)
+
+    def map_write(self) -> AbstractAsyncContextManager[memoryview]:
+        """Wait for conflicting work, then map the bytes writable; the host becomes their writer."""
+        return self.buffer._owner._map(self, write=True, wait=True)
+
+    def map_read_nowait(self) -> HostMapping:
+        """Map read-only now, or raise `Busy` if conflicting work is pending (a context manager)."""
+        return self.buffer._owner._map_nowait(self, write=False)
+
+    def map_write_nowait(self) -> HostMapping:
+        return self.buffer._owner._map_nowait(self, write=True)
+
+    def __repr__(self) -> str:
+        return f"<View {self.buffer.label}[{self.offset}:{self.end}]>"
+
+
+class HostMapping:
+    """A live host mapping; a synchronous context manager returned by the `*_nowait` forms."""
+
+    __slots__ = ("_release", "memory", "view", "write")
+
+    def __init__(
+        self, view: View, memory: memoryview, write: bool, release: Callable[[], None]
+    ) -> None:
+        self.view = view
+        self.memory = memory
+        self.write = write
+        self._release: Callable[[], None] | None = release
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            self.memory.release()
+            release()
+
+    def __enter__(self) -> memoryview:
+        if self._release is None:
+            raise RuntimeClosed("this host mapping was already released")
+        return self.memory
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MemoryBudget:
+    """A byte budget charged before every allocation. Thread-safe."""
+
+    __slots__ = ("_lock", "limit", "reserved_bytes")
+
+    def __init__(self, limit: int) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ContractError(f"a memory budget must be an integer >= 1 byte, got {limit!r}")
+        self.limit = limit
+        self.reserved_bytes = 0
+        self._lock = threading.Lock()
+
+    def charge(self, nbytes: int) -> None:
+        """Reserve `nbytes`: `BudgetExceeded` if it can never fit, `Busy` if it does not fit now."""
+        if nbytes > self.limit:
+            raise BudgetExceeded(
+                f"{nbytes} bytes can never fit in a memory budget of {self.limit} bytes"
+            )
+        with self._lock:
+            if self.reserved_bytes + nbytes > self.limit:
+                raise Busy(
+                    f"{nbytes} bytes do not fit now: {self.reserved_bytes} of {self.limit} "
+                    "budget bytes are in use"
+                )
+            self.reserved_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            if nbytes > self.reserved_bytes:
+                raise ContractError(
+                    f"cannot release {nbytes} bytes: only {self.reserved_bytes} are reserved"
+                )
+            self.reserved_bytes -= nbytes
+
+    @property
+    def available_bytes(self) -> int:
+        return self.limit - self.reserved_bytes

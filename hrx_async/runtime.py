@@ -1,0 +1,482 @@
+"""Runtime: one allocation and scheduling domain.
+
+`async with Runtime() as rt:` opens the backend, starts the lanes in a task
+group and, on exit, drains pending work before closing. Everything that
+records, prepares or submits is synchronous; only waiting is async.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .backends import open_gpu_backend
+from .backends.base import Backend
+from .backends.sim import SimBackend
+from .contract import Access, KernelContract, check_dims
+from .errors import (
+    Busy,
+    ContractError,
+    DeviceLost,
+    PoisonedError,
+    RuntimeClosed,
+    Unsupported,
+)
+from .graph import Graph, GraphPlan, tracked_range
+from .kernels import GpuKernel, KernelSource, NpuKernel
+from .lanes.host import HostExecutor
+from .lanes.lane import Lane
+from .lanes.scheduler import RegionRun, Scheduler
+from .memory import Buffer, Domain, HostMapping, MemoryBudget, Placement, PlacementKind, View
+from .prepared import PreparedGraph
+from .stats import Counters, Statistics
+from .trace import ExecutionTrace, TraceRecorder
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """The runtime's GPU: which backend drives it and the code target kernels need."""
+
+    backend: str
+    index: int
+    target: str
+
+
+class NpuDevice:
+    """One NPU of a runtime. Programs are loaded with `load_artifact`."""
+
+    def __init__(self, runtime: Runtime, index: int, target: str) -> None:
+        self._runtime = runtime
+        self.index = index
+        self.target = target
+
+    def load_artifact(
+        self, source: KernelSource, name: str, columns: int, contract: KernelContract
+    ) -> NpuKernel:
+        """Load an NPU program: 1..8 columns, no scalar constants, built for this NPU's target."""
+        return self._runtime._load_npu_kernel(self, source, name, columns, contract)
+
+    def __repr__(self) -> str:
+        return f"<NpuDevice {self.index} {self.target}>"
+
+
+class _MappingToken:
+    """A live host mapping as the tracker and the conflict check see it."""
+
+    __slots__ = ("end", "start", "view", "write")
+
+    def __init__(self, view: View, write: bool) -> None:
+        self.view = view
+        self.write = write
+        self.start, self.end = tracked_range(view)
+
+
+class Runtime:
+    """One allocation and scheduling domain over a GPU backend and NPUs.
+
+    backend: "auto" (HRX_BACKEND, else cuda, hip, then sim), "sim", "cuda" or "hip".
+    npu: "auto" or "sim" (sim NPUs), or None for no NPU.
+    """
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        npu: str | None = "auto",
+        memory_budget: int | None = None,
+        max_submissions: int = 64,
+        device: int = 0,
+        sim_npus: int = 1,
+        label: str = "runtime",
+    ) -> None:
+        if not isinstance(max_submissions, int) or max_submissions < 1:
+            raise ContractError(f"max_submissions must be an integer >= 1, got {max_submissions!r}")
+        if not isinstance(device, int) or device < 0:
+            raise ContractError(f"device must be an integer >= 0, got {device!r}")
+        if npu not in ("auto", "sim", None):
+            raise ContractError(f"npu must be 'auto', 'sim' or None, got {npu!r}")
+        if not isinstance(sim_npus, int) or sim_npus < 0:
+            raise ContractError(f"sim_npus must be an integer >= 0, got {sim_npus!r}")
+        self._budget = MemoryBudget(memory_budget) if memory_budget is not None else None
+        self._backend_name = backend
+        self._npu_mode = npu
+        self._sim_npus = sim_npus if npu is not None else 0
+        self._device = device
+        self.max_submissions = max_submissions
+        self.domain = Domain(label)
+        self.fallback_reasons: list[str] = []
+        self._counters = Counters()
+        self._backend: Backend | None = None
+        self._npu_backend: SimBackend | None = None
+        self._host: HostExecutor | None = None
+        self._scheduler: Scheduler | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
+        self._finalizers: dict[int, weakref.finalize[Any, Any]] = {}
+        self._mappings: dict[int, list[_MappingToken]] = {}
+        self._mapping_count = 0
+        self._trace: TraceRecorder | None = None
+        self._lost: BaseException | None = None
+        self._entered = False
+
+    # -- lifetime --------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        if self._entered:
+            raise RuntimeClosed("a Runtime can be entered once; create a new one")
+        self._entered = True
+        backend, reasons = open_gpu_backend(self._backend_name, self._device)
+        self._backend = backend
+        self.fallback_reasons = reasons
+        if isinstance(backend, SimBackend):
+            backend._npus = self._sim_npus
+            self._npu_backend = backend
+        elif self._sim_npus:
+            self._npu_backend = SimBackend(self._sim_npus, host_array=backend.host_array)
+        self._host = HostExecutor(backend.host_array)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        self._scheduler = Scheduler(
+            task_group, self._counters, self.max_submissions, self._device_lost
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        scheduler, task_group = self._scheduler, self._task_group
+        assert scheduler is not None and task_group is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    if exc is not None:
+                        scheduler.cancel_all()
+                    await scheduler.drain()
+                finally:
+                    scheduler.close_lanes()
+            return await task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._close_backends()
+
+    def _close_backends(self) -> None:
+        for ident, finalizer in list(self._finalizers.items()):
+            buffer = self._buffers.get(ident)
+            finalizer()
+            if buffer is not None:
+                buffer._mark_released()
+        self._finalizers.clear()
+        for closable in (self._host, self._npu_backend, self._backend):
+            if closable is not None:
+                closable.close()
+        self._scheduler = None
+
+    def _scheduler_or_raise(self) -> Scheduler:
+        scheduler = self._scheduler
+        if scheduler is None:
+            state = "closed" if self._entered else "not open yet"
+            raise RuntimeClosed(f"the runtime is {state}; use it inside `async with Runtime()`")
+        return scheduler
+
+    def _backend_or_raise(self) -> Backend:
+        self._scheduler_or_raise()
+        assert self._backend is not None
+        return self._backend
+
+    def _device_lost(self, error: BaseException) -> None:
+        self._lost = error
+        scheduler = self._scheduler
+        if scheduler is not None:
+            scheduler.fail_pending(DeviceLost(f"the device was lost ({error})"))
+
+    @property
+    def healthy(self) -> bool:
+        """False once a sticky device error has been seen (the runtime then refuses work)."""
+        return self._lost is None
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend_or_raise().name
+
+    @property
+    def memory_budget(self) -> MemoryBudget | None:
+        return self._budget
+
+    # -- devices and kernels ---------------------------------------------------
+
+    def gpu(self) -> GpuDevice:
+        backend = self._backend_or_raise()
+        return GpuDevice(backend.name, self._device, backend.target)
+
+    def npu(self, index: int = 0) -> NpuDevice:
+        self._scheduler_or_raise()
+        npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
+        if not isinstance(index, int) or not 0 <= index < npus:
+            raise ContractError(
+                f"NPU index must be in 0..{npus - 1}, got {index!r}"
+                if npus
+                else "this runtime has no NPU (Runtime(npu=None))"
+            )
+        assert self._npu_backend is not None
+        return NpuDevice(self, index, self._npu_backend.npu_target(index))
+
+    def load_gpu_kernel(
+        self,
+        source: KernelSource,
+        name: str,
+        grid: Iterable[int],
+        block: Iterable[int],
+        contract: KernelContract,
+        defines: Mapping[str, str | int] | None = None,
+        shared_bytes: int = 0,
+    ) -> GpuKernel:
+        """Load (compile if needed) a GPU kernel for this runtime's device."""
+        backend = self._backend_or_raise()
+        if not isinstance(source, KernelSource):
+            raise ContractError(f"source must be a KernelSource, got {source!r}")
+        if not isinstance(contract, KernelContract):
+            raise ContractError(f"contract must be a KernelContract, got {contract!r}")
+        grid3, block3 = check_dims("grid", tuple(grid)), check_dims("block", tuple(block))
+        flags = {str(k): str(v) for k, v in (defines or {}).items()}
+        native = backend.load_gpu_kernel(source, name, grid3, block3, contract, flags)
+        return GpuKernel(
+            name, grid3, block3, contract, source, backend.target, self.domain, native, shared_bytes
+        )
+
+    def _load_npu_kernel(
+        self,
+        npu: NpuDevice,
+        source: KernelSource,
+        name: str,
+        columns: int,
+        contract: KernelContract,
+    ) -> NpuKernel:
+        self._scheduler_or_raise()
+        assert self._npu_backend is not None
+        if not isinstance(source, KernelSource):
+            raise ContractError(f"source must be a KernelSource, got {source!r}")
+        native = self._npu_backend.load_npu_kernel(npu.index, source, name, columns, contract)
+        return NpuKernel(
+            name, npu.index, columns, contract, source, npu.target, self.domain, native
+        )
+
+    # -- memory ----------------------------------------------------------------
+
+    def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
+        """Zeroed memory of `nbytes` (>= 1) with `placement`, charged to the budget first."""
+        backend = self._backend_or_raise()
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+            raise ContractError(f"allocation size must be an integer >= 1 byte, got {nbytes!r}")
+        if not isinstance(placement, Placement):
+            raise ContractError(f"placement must be a Placement, got {placement!r}")
+        if placement.npu is not None:
+            npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
+            if placement.npu >= npus:
+                raise ContractError(
+                    f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
+                )
+        if self._budget is not None:
+            self._budget.charge(nbytes)
+        try:
+            storage = backend.allocate(nbytes, placement)
+        except BaseException:
+            if self._budget is not None:
+                self._budget.release(nbytes)
+            raise
+        buffer = Buffer(self, nbytes, placement, storage, label)
+        self._counters.allocated(nbytes)
+        if placement.kind is PlacementKind.SHARED:
+            self._counters.imports += 1
+        self._buffers[buffer.ident] = buffer
+        self._finalizers[buffer.ident] = weakref.finalize(
+            buffer, self._release_storage, buffer.ident, storage, nbytes
+        )
+        return buffer
+
+    def _release_storage(self, ident: int, storage: Any, nbytes: int) -> None:
+        self._finalizers.pop(ident, None)
+        if self._backend is not None:
+            self._backend.free(storage)
+        self._counters.released(nbytes)
+        if self._budget is not None:
+            self._budget.release(nbytes)
+        if self._scheduler is not None:
+            self._scheduler.tracker.drop_allocation(ident)
+
+    def _release_buffer(self, buffer: Buffer) -> None:
+        scheduler = self._scheduler
+        if scheduler is not None and (
+            scheduler.tracker.segments(buffer.ident) or self._mappings.get(buffer.ident)
+        ):
+            raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
+        finalizer = self._finalizers.get(buffer.ident)
+        buffer._mark_released()
+        if finalizer is not None:
+            finalizer()
+
+    def owns(self, view: View | Buffer) -> bool:
+        buffer = view.buffer if isinstance(view, View) else view
+        return buffer.domain is self.domain
+
+    def same_domain(self, other: Runtime) -> bool:
+        return other.domain is self.domain
+
+    # -- graphs ----------------------------------------------------------------
+
+    def graph(self, label: str = "graph") -> Graph:
+        self._scheduler_or_raise()
+        return Graph(self.domain, label, self._prepare)
+
+    def _prepare(self, plan: GraphPlan) -> PreparedGraph:
+        backend = self._backend_or_raise()
+        programs: list[Any] = []
+        providers: list[object] = []
+        for region in plan.regions:
+            provider: Any
+            if region.lane is Lane.HOST:
+                provider = self._host
+            elif region.lane is Lane.NPU:
+                provider = self._npu_backend
+            else:
+                provider = backend
+            programs.append(provider.prepare_region(region.lane, region.ops))
+            providers.append(provider)
+        return PreparedGraph(self, plan, tuple(programs), tuple(providers))
+
+    # -- statistics and trace --------------------------------------------------
+
+    def statistics(self) -> Statistics:
+        snapshot = self._counters.snapshot()
+        backends = [b for b in (self._backend, self._npu_backend) if b is not None]
+        unique = list({id(b): b for b in backends}.values())
+        return dataclasses.replace(
+            snapshot,
+            native_graphs_prepared=sum(b.native_graphs_prepared for b in unique),
+            copy_streams_created=sum(b.copy_streams_created for b in unique),
+        )
+
+    def start_trace(self, capacity: int = 65536) -> None:
+        """Record one event per finished region into a ring buffer of `capacity` events."""
+        scheduler = self._scheduler_or_raise()
+        if scheduler.trace is not None:
+            raise Busy("a trace is already running; finish_trace() first")
+        scheduler.trace = TraceRecorder(capacity)
+        scheduler.trace_origin = time.perf_counter()
+
+    def finish_trace(self) -> ExecutionTrace | None:
+        """Stop tracing and return the events (None when no trace runs). Does not wait."""
+        scheduler = self._scheduler
+        if scheduler is None or scheduler.trace is None:
+            return None
+        recorder, scheduler.trace = scheduler.trace, None
+        return recorder.finish()
+
+    async def drain(self) -> None:
+        """Wait until every submission made so far has finished."""
+        await self._scheduler_or_raise().drain()
+
+    # -- host mappings ---------------------------------------------------------
+
+    def _check_mapping_conflicts(self, plan: GraphPlan) -> None:
+        if not self._mapping_count:
+            return
+        for intervals, writes in ((plan.writes, True), (plan.reads, False)):
+            for interval in intervals:
+                for token in self._mappings.get(interval.buffer.ident, ()):
+                    if (
+                        (writes or token.write)
+                        and token.start < interval.end
+                        and interval.start < token.end
+                    ):
+                        raise Busy(
+                            f"{interval.buffer.label}[{interval.start}:{interval.end}] is host-"
+                            f"mapped for {'writing' if token.write else 'reading'}; "
+                            "release the mapping before submitting work on those bytes"
+                        )
+
+    def _begin_map(
+        self, view: View, write: bool, wait: bool
+    ) -> tuple[_MappingToken, list[RegionRun]]:
+        scheduler = self._scheduler_or_raise()
+        if not isinstance(view, View) or view.buffer.domain is not self.domain:
+            raise ContractError(f"{view!r} is not a view of this runtime")
+        buffer = view.buffer
+        buffer.check_alive()
+        if not buffer.placement.host_mappable:
+            raise Unsupported(
+                f"{buffer.label} is {buffer.placement} memory, which cannot be host-mapped; "
+                "copy it to HOST_VISIBLE memory"
+            )
+        token = _MappingToken(view, write)
+        whole = view.offset == 0 and view.nbytes == buffer.nbytes
+        if buffer.poison is not None and not (write and whole):
+            raise PoisonedError(buffer.label, buffer.poison)
+        for other in self._mappings.get(buffer.ident, ()):
+            if (write or other.write) and other.start < token.end and token.start < other.end:
+                raise Busy(f"{buffer.label} already has a conflicting host mapping")
+        tracker = scheduler.tracker
+        pending = [
+            dep
+            for dep in tracker.dependencies(buffer.ident, token.start, token.end, write)
+            if isinstance(dep, RegionRun) and not dep.finished
+        ]
+        if pending and not wait:
+            raise Busy(f"{view} has pending conflicting work; use the waiting map form")
+        tracker.record(buffer.ident, token.start, token.end, write, token)
+        self._mappings.setdefault(buffer.ident, []).append(token)
+        self._mapping_count += 1
+        return token, pending
+
+    def _end_map(self, token: _MappingToken) -> None:
+        buffer = token.view.buffer
+        tokens = self._mappings.get(buffer.ident)
+        if tokens is None or token not in tokens:
+            return
+        tokens.remove(token)
+        if not tokens:
+            del self._mappings[buffer.ident]
+        self._mapping_count -= 1
+        if self._scheduler is not None:
+            self._scheduler.tracker.forget(token)
+        if token.write and token.view.offset == 0 and token.view.nbytes == buffer.nbytes:
+            buffer.poison = None
+
+    def _memory(self, view: View, write: bool) -> memoryview:
+        backend = self._backend_or_raise()
+        memory = backend.host_array(view.buffer.storage, view.offset, view.nbytes).data
+        return memory if write else memory.toreadonly()
+
+    @asynccontextmanager
+    async def _map(self, view: View, write: bool, wait: bool) -> AsyncIterator[memoryview]:
+        token, pending = self._begin_map(view, write, wait)
+        try:
+            for dep in pending:
+                await dep.wait_finished()
+            poison = view.buffer.poison
+            if poison is not None and not write:
+                raise PoisonedError(view.buffer.label, poison)
+            memory = self._memory(view, write)
+            try:
+                yield memory
+            finally:
+                memory.release()
+        finally:
+            self._end_map(token)
+
+    def _map_nowait(self, view: View, write: bool) -> HostMapping:
+        token, _ = self._begin_map(view, write, wait=False)
+        return HostMapping(view, self._memory(view, write), write, lambda: self._end_map(token))
+
+
+__all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]
