@@ -293,7 +293,9 @@ class AccessTracker(Generic[U]):
                 s = starts[k]
                 if new_rest:
                     prev_end, prev_w, prev_r = new_rest[-1]
-                    pass
+                    if prev_end == s and prev_w == w and prev_r == r:
+                        new_rest[-1] = (e, w, r)
+                        continue
                 new_starts.append(s)
                 # Keep the original tuple when nothing changed: no new object per segment.
                 new_rest.append(seg if seg[1] is w and seg[2] is r else (e, w, r))
