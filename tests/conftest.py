@@ -31,7 +31,7 @@ def usable_backends() -> tuple[str, ...]:
         try:
             if probe(name).get("available"):
                 found.append(name)
-        except Exception:  # noqa: BLE001 - a broken driver means the backend is not usable
+        except Exception:  # a broken driver means the backend is not usable
             pass
     return tuple(found)
 
