@@ -10,7 +10,7 @@ program; waits on anything else are the runtime's, on the host.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -92,6 +92,9 @@ class Backend(Protocol):
 
     native_graphs_prepared: int
     copy_streams_created: int
+    poll_budget_us: float
+    """How long the scheduler may poll a fence from the loop (`query()` between
+    `sleep(0)`s) before relying on its callback; 0 turns polling off."""
 
     def allocate(self, nbytes: int, placement: Placement) -> Any:
         """Zeroed native storage of `nbytes` for `placement`."""
@@ -132,6 +135,41 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class GpuInterop(Protocol):
+    """Device memory and streams shared with native code and other GPU libraries.
+
+    Implemented by the stream backends (CUDA, HIP); the sim backend's memory is
+    plain host memory and interop there goes through numpy.
+    """
+
+    device: int
+
+    def device_pointer(self, storage: Any) -> int:
+        """The device address of an allocation."""
+        ...
+
+    def dlpack_device(self, storage: Any) -> tuple[int, int]:
+        """(DLPack device type, device index) of an allocation."""
+        ...
+
+    def adopt_pointer(self, pointer: int, nbytes: int, placement: Placement, owner: Any) -> Any:
+        """Storage over memory another library owns; `owner` is kept alive with it."""
+        ...
+
+    def interop_stream(self) -> int:
+        """A raw stream handle of the backend's own for native code."""
+        ...
+
+    def fence_on_stream(self, handle: int) -> Fence:
+        """A fence for the work queued so far on the raw stream `handle`."""
+        ...
+
+    def wait_on_stream(self, handle: int, fences: Sequence[Fence]) -> bool:
+        """Make stream `handle` wait for `fences` on the device (False: not this backend's)."""
+        ...
+
+
 class NpuBackend(Protocol):
     """NPU devices: each has a target and runs programs on its own lane."""
 
@@ -155,6 +193,7 @@ class NpuBackend(Protocol):
 __all__ = [
     "Backend",
     "Fence",
+    "GpuInterop",
     "GpuKernel",
     "HostArray",
     "LaneQueue",

@@ -57,6 +57,7 @@ class SimBackend:
 
     name = "sim"
     target = SIM_TARGET
+    poll_budget_us = 0.0
 
     def __init__(self, npus: int = 1, host_array: HostArray | None = None) -> None:
         self._npus = npus
