@@ -112,6 +112,17 @@ class BufferOwner(Protocol):
 
     def _map_nowait(self, view: View, write: bool) -> HostMapping: ...
 
+    def _dlpack(
+        self,
+        view: View,
+        stream: int | None,
+        max_version: tuple[int, int] | None,
+        dl_device: tuple[int, int] | None,
+        copy: bool | None,
+    ) -> Any: ...
+
+    def _dlpack_device(self, view: View) -> tuple[int, int]: ...
+
 
 _buffer_ids = itertools.count(1)
 
@@ -160,6 +171,7 @@ class Buffer:
 
     def view(self, offset: int = 0, nbytes: int | None = None) -> View:
         """The bytes [offset, offset + nbytes) (to the end when nbytes is None)."""
+        self.check_alive()
         return View(self, 0, self.nbytes).slice(offset, nbytes)
 
     def __getitem__(self, key: builtins.slice) -> View:
@@ -222,8 +234,17 @@ class View:
     def __getitem__(self, key: builtins.slice) -> View:
         if not isinstance(key, builtins.slice) or key.step not in (None, 1):
             raise ContractError(f"views are sliced by contiguous byte ranges [a:b], got {key!r}")
-        start, stop, _ = key.indices(self.nbytes)
-        return self.slice(start, stop - start)
+        # Negative bounds count from the end as in Python, but out-of-range bounds are not
+        # clamped: a shorter view than asked for would only fail later, far from the cause.
+        start = _slice_bound(key.start, 0, self.nbytes)
+        stop = _slice_bound(key.stop, self.nbytes, self.nbytes)
+        if start is None or stop is None or not 0 <= start < stop <= self.nbytes:
+            raise ContractError(
+                f"byte range [{key.start}:{key.stop}] is empty or outside this {self.nbytes}-byte "
+                f"view; allowed: integers with 0 <= a < b <= {self.nbytes} (negative ones count "
+                "from the end)"
+            )
+        return View(self.buffer, self.offset + start, stop - start)
 
     def overlaps(self, other: View) -> bool:
         return self.buffer is other.buffer and self.offset < other.end and other.offset < self.end
@@ -243,8 +264,35 @@ class View:
     def map_write_nowait(self) -> HostMapping:
         return self.buffer._owner._map_nowait(self, write=True)
 
+    def __dlpack__(
+        self,
+        stream: int | None = None,
+        *,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """The bytes as a zero-copy DLPack uint8 tensor (`torch.from_dlpack(view)`, ...).
+
+        Pending writes are ordered before the consumer's `stream`; the tensor keeps the
+        buffer alive but must not outlive the runtime.
+        """
+        return self.buffer._owner._dlpack(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.buffer._owner._dlpack_device(self)
+
     def __repr__(self) -> str:
         return f"<View {self.buffer.label}[{self.offset}:{self.end}]>"
+
+
+def _slice_bound(bound: object, default: int, size: int) -> int | None:
+    """A `[a:b]` bound as an offset (None when it is not an integer)."""
+    if bound is None:
+        return default
+    if not isinstance(bound, int):
+        return None
+    return bound + size if bound < 0 else bound
 
 
 class HostMapping:
@@ -275,6 +323,12 @@ class HostMapping:
         self.close()
 
 
+def _check_amount(nbytes: object, what: str) -> None:
+    # A negative charge would silently grow the budget, a negative release shrink it.
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+        raise ContractError(f"a memory budget can {what} an integer >= 1 byte, got {nbytes!r}")
+
+
 class MemoryBudget:
     """A byte budget charged before every allocation. Thread-safe."""
 
@@ -289,6 +343,7 @@ class MemoryBudget:
 
     def charge(self, nbytes: int) -> None:
         """Reserve `nbytes`: `BudgetExceeded` if it can never fit, `Busy` if it does not fit now."""
+        _check_amount(nbytes, "charge")
         if nbytes > self.limit:
             raise BudgetExceeded(
                 f"{nbytes} bytes can never fit in a memory budget of {self.limit} bytes"
@@ -302,6 +357,7 @@ class MemoryBudget:
             self.reserved_bytes += nbytes
 
     def release(self, nbytes: int) -> None:
+        _check_amount(nbytes, "release")
         with self._lock:
             if nbytes > self.reserved_bytes:
                 raise ContractError(

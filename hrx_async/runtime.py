@@ -11,10 +11,10 @@ import dataclasses
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -36,10 +36,22 @@ from .kernels import GpuKernel, KernelSource, NpuKernel
 from .lanes.host import HostExecutor
 from .lanes.lane import Lane
 from .lanes.scheduler import RegionRun, Scheduler
-from .memory import Buffer, Domain, HostMapping, MemoryBudget, Placement, PlacementKind, View
+from .memory import (
+    GPU_LOCAL,
+    Buffer,
+    Domain,
+    HostMapping,
+    MemoryBudget,
+    Placement,
+    PlacementKind,
+    View,
+)
 from .prepared import PreparedGraph
 from .stats import Counters, Statistics
 from .trace import ExecutionTrace, TraceRecorder
+
+if TYPE_CHECKING:
+    from .interop import GpuAccess
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,13 @@ class _MappingToken:
         self.view = view
         self.write = write
         self.start, self.end = tracked_range(view)
+
+    def conflict(self, label: str, start: int, end: int) -> str:
+        """Why a submit touching [start, end) of buffer `label` is refused while this is held."""
+        return (
+            f"{label}[{start}:{end}] is host-mapped for {'writing' if self.write else 'reading'}; "
+            "release the mapping before submitting work on those bytes"
+        )
 
 
 class Runtime:
@@ -166,7 +185,10 @@ class Runtime:
                     await scheduler.drain()
                 finally:
                     scheduler.close_lanes()
-            return await task_group.__aexit__(exc_type, exc, tb)
+            # The lanes are closed and drained; the body's own exception (if any) propagates
+            # as it is rather than wrapped in the lanes' task group.
+            await task_group.__aexit__(None, None, None)
+            return None
         finally:
             self._close_backends()
 
@@ -400,9 +422,7 @@ class Runtime:
                         and interval.start < token.end
                     ):
                         raise Busy(
-                            f"{interval.buffer.label}[{interval.start}:{interval.end}] is host-"
-                            f"mapped for {'writing' if token.write else 'reading'}; "
-                            "release the mapping before submitting work on those bytes"
+                            token.conflict(interval.buffer.label, interval.start, interval.end)
                         )
 
     def _begin_map(
@@ -477,6 +497,48 @@ class Runtime:
     def _map_nowait(self, view: View, write: bool) -> HostMapping:
         token, _ = self._begin_map(view, write, wait=False)
         return HostMapping(view, self._memory(view, write), write, lambda: self._end_map(token))
+
+    # -- interop (hrx_async.interop) -------------------------------------------
+
+    def adopt_gpu_buffer(
+        self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""
+    ) -> Buffer:
+        """A buffer over another library's GPU array (PyTorch, CuPy: CUDA array interface or
+        DLPack), zero-copy. The array is kept alive with the buffer; counted in `imports`;
+        charged to the budget unless its bytes are already one of this runtime's buffers.
+        Placement GPU_LOCAL or shared(npu) (host-mapped memory only). On sim: host arrays."""
+        from .interop import adopt_gpu_buffer
+
+        return adopt_gpu_buffer(self, obj, placement, label)
+
+    def gpu_access(
+        self, accesses: Iterable[tuple[View, Access]], stream: int | None = None
+    ) -> AbstractAsyncContextManager[GpuAccess]:
+        """`async with rt.gpu_access([(view, Access.WRITE), ...]) as access:` hands native code
+        `access.stream` and `access.pointers`. Whole allocations are reserved; conflicting
+        submitted work finishes first; submits and maps on them are `Busy` inside; later
+        work is ordered after the block's stream work by an event. `stream`: queue on this
+        raw handle instead of the runtime's own interop stream."""
+        from .interop import gpu_access
+
+        return gpu_access(self, accesses, stream)
+
+    def _dlpack(
+        self,
+        view: View,
+        stream: int | None,
+        max_version: tuple[int, int] | None,
+        dl_device: tuple[int, int] | None,
+        copy: bool | None,
+    ) -> Any:
+        from .interop import export_dlpack
+
+        return export_dlpack(self, view, stream, max_version, dl_device, copy)
+
+    def _dlpack_device(self, view: View) -> tuple[int, int]:
+        from .interop import dlpack_device
+
+        return dlpack_device(self, view)
 
 
 __all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]

@@ -106,7 +106,12 @@ class RegionRun:
             await event.wait()
 
     def on_fence(self, fence: Any) -> None:
-        self.submission.scheduler.notifier.post(self.submission.scheduler.fence_done, self)
+        submission = self.submission
+        error = fence.error()
+        if error is not None:
+            # Seen by later regions' preflight on worker threads before the loop hears of it.
+            submission.device_error = error
+        submission.scheduler.notifier.post(submission.scheduler.fence_done, self)
 
     def failure_of_dependencies(self) -> BaseException | None:
         """Why this region must not run, judged from its dependencies and its submission.
@@ -114,7 +119,7 @@ class RegionRun:
         Safe from worker threads: it reads fences, not loop-side state.
         """
         submission = self.submission
-        if submission.error is not None:
+        if submission.error is not None or submission.device_error is not None:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
         if submission.cancelled:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
@@ -146,6 +151,7 @@ class Submission:
         "after",
         "cancelled",
         "completion",
+        "device_error",
         "error",
         "label",
         "remaining",
@@ -159,6 +165,7 @@ class Submission:
         self.after = after
         self.cancelled = False
         self.error: BaseException | None = None
+        self.device_error: BaseException | None = None
         self.runs: list[RegionRun] = []
         self.remaining = 0
         self.completion = Completion(label, self.cancel)
@@ -189,17 +196,20 @@ class LaneRunner:
             self.wakeup.set()
 
     async def serve(self) -> None:
-        items = self.items
-        issue = self.scheduler.issue
-        while True:
-            if not items:
-                if self.closing:
-                    return
-                self.wakeup = anyio.Event()
-                await self.wakeup.wait()
-                self.wakeup = None
-                continue
-            await issue(items.popleft())
+        # Shielded: a cancelled caller must never strand admitted work; the lane ends when
+        # the runtime closes it after draining.
+        with anyio.CancelScope(shield=True):
+            items = self.items
+            issue = self.scheduler.issue
+            while True:
+                if not items:
+                    if self.closing:
+                        return
+                    self.wakeup = anyio.Event()
+                    await self.wakeup.wait()
+                    self.wakeup = None
+                    continue
+                await issue(items.popleft())
 
 
 class Scheduler:
@@ -405,11 +415,12 @@ class Scheduler:
                     if isinstance(error, PoisonedError | DependencyFailed | DeviceLost)
                     else ExecutionError(submission.label, plan.index, error)
                 )
-            self._poison(plan, submission.error)
+            # Work that never ran leaves its outputs as they were; work that failed (or read
+            # poisoned input) leaves them undefined.
+            if not isinstance(error, DependencyFailed | Cancelled):
+                self._poison(plan, error if isinstance(error, PoisonedError) else submission.error)
         elif skipped:
             run.state = SKIPPED
-            if submission.error is not None:
-                self._poison(plan, submission.error)
         else:
             run.state = DONE
             if plan.copy_bytes:

@@ -1,0 +1,69 @@
+"""Small kernels and graph builders shared by the runtime tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import hrx_async as hrx
+
+U8 = np.ndarray[Any, np.dtype[np.uint8]]
+
+
+def mix_numpy(src: U8, dst: U8) -> None:
+    dst[:] = (src.astype(np.uint16) * 3 + 1).astype(np.uint8)
+
+
+def mix_kernel(arrays: list[U8], constants: bytes) -> None:
+    mix_numpy(arrays[0], arrays[1])
+
+
+MIX_CXX = r"""
+extern "C" __global__ void mix(const unsigned char* src, unsigned char* dst, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = (unsigned char)(src[i] * 3u + 1u);
+}
+"""
+
+
+def load_mix(rt: hrx.Runtime, nbytes: int) -> hrx.GpuKernel:
+    """A GPU kernel dst = src*3+1 (mod 256) over `nbytes` bytes, in C++ and numpy."""
+    contract = hrx.KernelContract(
+        [hrx.Binding(nbytes, hrx.Access.READ, 1), hrx.Binding(nbytes, hrx.Access.WRITE, 1)],
+        hrx.Constants().u32(nbytes),
+    )
+    return rt.load_gpu_kernel(
+        hrx.KernelSource(cxx=MIX_CXX, host=mix_kernel),
+        "mix",
+        grid=((nbytes + 255) // 256,),
+        block=(256,),
+        contract=contract,
+    )
+
+
+def load_npu_mix(rt: hrx.Runtime, nbytes: int) -> hrx.NpuKernel:
+    contract = hrx.KernelContract(
+        [hrx.Binding(nbytes, hrx.Access.READ, 1), hrx.Binding(nbytes, hrx.Access.WRITE, 1)]
+    )
+    return rt.npu(0).load_artifact(hrx.KernelSource(host=mix_kernel), "npu_mix", 1, contract)
+
+
+async def read_bytes(rt: hrx.Runtime, buffer: hrx.Buffer) -> bytes:
+    """The buffer's bytes, through a host staging copy when it cannot be mapped."""
+    if buffer.placement.host_mappable:
+        async with buffer.map_read() as memory:
+            return bytes(memory)
+    staging = rt.allocate(buffer.nbytes, hrx.HOST_VISIBLE)
+    graph = rt.graph("read-back")
+    graph.copy(staging.view(), buffer.view())
+    await graph.prepare().submit()
+    async with staging.map_read() as memory:
+        data = bytes(memory)
+    staging.free()
+    return data
+
+
+async def write_bytes(buffer: hrx.Buffer, data: bytes) -> None:
+    async with buffer.map_write() as memory:
+        memory[:] = data
