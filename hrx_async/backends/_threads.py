@@ -27,24 +27,46 @@ class Runnable(Protocol):
 
 
 class ThreadFence:
-    """Finished when its worker has run (or skipped, or failed) the item."""
+    """Finished when its worker has run (or skipped, or failed) the item.
 
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_skipped", "finished_at", "started_at")
+    A held lock is the latch: waiters block acquiring it and the worker releases it.
+    Locks are not tracked by the garbage collector, and fences are made per region per
+    replay, so this keeps collector pauses short under load (threading.Event is a
+    Condition, a deque and a lock per waiter).
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_error",
+        "_guard",
+        "_latch",
+        "_skipped",
+        "finished_at",
+        "started_at",
+    )
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[Any], None]] = []
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._guard = threading.Lock()
+        self._done = False
+        self._callbacks: list[Callable[[Any], None]] | None = None
         self._error: BaseException | None = None
         self._skipped = False
         self.started_at: float | None = None
         self.finished_at: float | None = None
 
     def query(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        if self._latch.acquire(timeout=-1 if timeout is None else timeout):
+            self._latch.release()
+            return True
+        return self._done
 
     def error(self) -> BaseException | None:
         return self._error
@@ -53,9 +75,12 @@ class ThreadFence:
         return self._skipped
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(callback)
+        with self._guard:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)
                 return
         callback(self)
 
@@ -63,11 +88,13 @@ class ThreadFence:
         self._error = error
         self._skipped = skipped
         self.finished_at = time.perf_counter()
-        with self._lock:
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
+        with self._guard:
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, None
+        self._latch.release()
+        if callbacks is not None:
+            for callback in callbacks:
+                callback(self)
 
 
 _STOP = object()
