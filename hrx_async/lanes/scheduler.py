@@ -237,6 +237,9 @@ class Scheduler:
         self.trace_origin = 0.0
         self.lost: BaseException | None = None
         self.closed = False
+        self.polled: collections.deque[tuple[RegionRun, Fence, float]] = collections.deque()
+        self.poller_wakeup: anyio.Event | None = None
+        self.poller_started = False
 
     # -- admission -------------------------------------------------------------
 
@@ -369,6 +372,40 @@ class Scheduler:
             for event in waiters:
                 event.set()
         fence.add_done_callback(run.on_fence)
+        budget: float = getattr(run.provider, "poll_budget_us", 0.0)
+        if budget > 0:
+            self._poll(run, fence, budget)
+
+    # -- polling short waits ---------------------------------------------------
+
+    def _poll(self, run: RegionRun, fence: Fence, budget_us: float) -> None:
+        """Watch `fence` from the loop for `budget_us`: a short wait then costs no thread hop."""
+        self.polled.append((run, fence, time.perf_counter() + budget_us * 1e-6))
+        if not self.poller_started:
+            self.poller_started = True
+            self.task_group.start_soon(self._poller, name="hrx-fence-poller")
+        elif self.poller_wakeup is not None:
+            self.poller_wakeup.set()
+
+    async def _poller(self) -> None:
+        with anyio.CancelScope(shield=True):
+            polled = self.polled
+            while not self.closed:
+                if not polled:
+                    self.poller_wakeup = anyio.Event()
+                    await self.poller_wakeup.wait()
+                    self.poller_wakeup = None
+                    continue
+                now = time.perf_counter()
+                for _ in range(len(polled)):
+                    run, fence, deadline = polled.popleft()
+                    if run.fence is not fence or run.state >= DONE:
+                        continue
+                    if fence.query():
+                        self.fence_done(run)
+                    elif now < deadline:
+                        polled.append((run, fence, deadline))
+                await anyio.sleep(0)
 
     async def _run_inline(self, run: RegionRun, program: AsyncHostProgram) -> None:
         run.state = ISSUED
@@ -501,3 +538,5 @@ class Scheduler:
         self.closed = True
         for lane in self.lanes.values():
             lane.close()
+        if self.poller_wakeup is not None:
+            self.poller_wakeup.set()
