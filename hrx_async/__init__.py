@@ -6,6 +6,7 @@ host functions over declared accesses, prepare them once and replay them with
 range by byte range, within and across submissions.
 """
 
+from .blocking import BlockingPreparedGraph, BlockingRuntime
 from .completion import Completion, CompletionProfile
 from .contract import Access, Binding, Constants, KernelContract
 from .errors import (
@@ -40,6 +41,8 @@ from .memory import (
 )
 from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
+from .serve import RuntimeService
+from .slots import Slot, SlotPool
 from .stats import Statistics
 from .trace import ExecutionTrace, TraceEvent
 
@@ -52,6 +55,8 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Binding",
+    "BlockingPreparedGraph",
+    "BlockingRuntime",
     "BudgetExceeded",
     "Buffer",
     "Busy",
@@ -81,6 +86,9 @@ __all__ = [
     "PreparedGraph",
     "Runtime",
     "RuntimeClosed",
+    "RuntimeService",
+    "Slot",
+    "SlotPool",
     "Statistics",
     "TraceEvent",
     "Unsupported",

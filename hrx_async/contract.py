@@ -12,8 +12,6 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from .errors import ContractError
 
 
@@ -99,12 +97,34 @@ _FORMATS: dict[str, str] = {
 
 
 def bf16_bits(value: float) -> int:
-    """The bfloat16 bit pattern of `value`, rounded to nearest even (NaN stays NaN)."""
-    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    """The bfloat16 bit pattern of `value`, rounded to nearest even (NaN stays NaN).
+
+    Rounds the exact value in one step: going through float32 first would round twice and
+    get values just above a halfway point wrong. A finite value beyond the largest bfloat16
+    raises `ContractError`, as f16 and f32 constants do.
+    """
     if math.isnan(value):
-        return (bits >> 16) | 0x0040
-    rounding = 0x7FFF + ((bits >> 16) & 1)
-    return ((bits + rounding) >> 16) & 0xFFFF
+        (bits,) = struct.unpack("<I", struct.pack("<f", value))
+        return int(bits >> 16) | 0x0040
+    sign = 0x8000 if math.copysign(1.0, value) < 0 else 0
+    magnitude = abs(value)
+    if math.isinf(magnitude):
+        return sign | 0x7F80
+    if magnitude == 0.0:
+        return sign
+    # The spacing of bfloat16 values near `magnitude`: 8 significant bits for normal
+    # numbers, a fixed 2**-133 below them. Scaling by a power of two is exact and round()
+    # ties to even, so `steps` is the correctly rounded value in units of that spacing.
+    quantum = max(math.frexp(magnitude)[1] - 8, -133)
+    steps = round(math.ldexp(magnitude, -quantum))
+    # Exponent and mantissa fields line up so that the pattern is a plain sum; a carry out
+    # of the mantissa (steps == 256) moves to the next exponent by itself.
+    bits = ((quantum + 133) << 7) + steps
+    if bits >= 0x7F80:
+        raise ContractError(
+            f"constant {value!r} does not fit bf16: its largest finite value is 3.3895e38"
+        )
+    return sign | bits
 
 
 class Constants:
@@ -160,7 +180,11 @@ class Constants:
         return self._pack("f64", value)
 
     def bf16(self, value: float) -> Constants:
-        self._parts.append(struct.pack("<H", bf16_bits(float(value))))
+        try:
+            (number,) = struct.unpack("<d", struct.pack("<d", value))
+        except (struct.error, OverflowError, TypeError) as exc:
+            raise ContractError(f"constant {value!r} does not fit bf16: {exc}") from None
+        self._parts.append(struct.pack("<H", bf16_bits(number)))
         return self
 
     def to_bytes(self) -> bytes:

@@ -8,6 +8,8 @@ summarises each region's accesses. The runtime turns a plan into a
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,9 +135,11 @@ class Graph:
     def fill(self, view: View, value: int) -> int:
         """Set every byte of `view` to `value` (compute lane)."""
         self._check_view(view, "fill")
-        if not isinstance(value, int) or not 0 <= value <= 255:
+        # numpy integers are bytes too; bools and floats are not.
+        byte = operator.index(value) if isinstance(value, numbers.Integral) else None
+        if isinstance(value, bool) or byte is None or not 0 <= byte <= 255:
             raise ContractError(f"fill value must be a byte 0..255, got {value!r}")
-        return self._add(Lane.COMPUTE, Fill(view, value), ((view, Access.WRITE),))
+        return self._add(Lane.COMPUTE, Fill(view, byte), ((view, Access.WRITE),))
 
     def copy(self, dst: View, src: View, lane: Lane | None = None) -> int:
         """Copy `src` into `dst`. The lane follows placements unless forced:
@@ -150,7 +154,7 @@ class Graph:
             raise ContractError(f"copy source {src} and destination {dst} overlap")
         if lane is None:
             lane = _copy_lane(dst, src)
-        elif lane not in _COPY_LANES:
+        elif not isinstance(lane, Lane) or lane not in _COPY_LANES:
             raise ContractError(f"a copy runs on upload, compute or download, not {lane!r}")
         return self._add(lane, Copy(dst, src), ((src, Access.READ), (dst, Access.WRITE)))
 

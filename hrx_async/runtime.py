@@ -333,8 +333,8 @@ class Runtime:
         self._counters.released(nbytes)
         if self._budget is not None:
             self._budget.release(nbytes)
-        if self._scheduler is not None:
-            self._scheduler.tracker.drop_allocation(ident)
+        # Nothing to tell the tracker: pending work and mappings hold views, so a buffer
+        # that is released (freed or collected) has no tracked users left.
 
     def _release_buffer(self, buffer: Buffer) -> None:
         scheduler = self._scheduler

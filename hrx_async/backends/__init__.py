@@ -18,7 +18,12 @@ def _open_named(name: str, device: int) -> Backend:
         from .sim import SimBackend
 
         return SimBackend()
-    module = importlib.import_module(f"{__name__}.{name}")
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise BackendUnavailable(name, "this build of hrx_async has no such backend") from exc
     opened: Backend = module.open_backend(device)
     return opened
 
