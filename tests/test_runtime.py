@@ -519,3 +519,18 @@ async def test_async_host_function_runs_on_the_loop(hrx_backend: str) -> None:
         await graph.prepare().submit()
         assert await read_bytes(rt, a) == bytes([6]) * 8
         await write_bytes(a, bytes(8))
+
+
+async def test_submit_from_another_thread_is_refused(hrx_backend: str) -> None:
+    async with hrx.Runtime(backend=hrx_backend) as rt:
+        a = rt.allocate(8, hrx.HOST_VISIBLE)
+        graph = rt.graph("fill")
+        graph.fill(a.view(), 1)
+        prepared = graph.prepare()
+        before = rt.statistics()
+        with pytest.raises(hrx.ContractError, match="thread"):
+            await anyio.to_thread.run_sync(prepared.submit)
+        assert rt.statistics() == before
+        await anyio.to_thread.run_sync(anyio.from_thread.run_sync, prepared.submit)
+        await rt.drain()
+        assert await read_bytes(rt, a) == bytes([1]) * 8

@@ -12,6 +12,7 @@ through the loop notifier, which finishes regions and submissions.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -237,6 +238,7 @@ class Scheduler:
         self.trace_origin = 0.0
         self.lost: BaseException | None = None
         self.closed = False
+        self.loop_thread = threading.get_ident()
         self.polled: collections.deque[tuple[RegionRun, Fence, float]] = collections.deque()
         self.poller_wakeup: anyio.Event | None = None
         self.poller_started = False
@@ -250,6 +252,11 @@ class Scheduler:
             raise RuntimeClosed("the runtime is closed; submit inside `async with Runtime()`")
         if self.lost is not None:
             raise DeviceLost(f"the device was lost ({self.lost}); open a new runtime")
+        if threading.get_ident() != self.loop_thread:
+            raise ContractError(
+                "submit() was called from a thread other than the runtime's event loop; "
+                "use anyio.from_thread.run_sync(prepared.submit) or BlockingRuntime"
+            )
         plan = prepared.plan
         for buffer in plan.buffers:
             buffer.check_alive()
