@@ -136,7 +136,10 @@ class Graph:
         """Set every byte of `view` to `value` (compute lane)."""
         self._check_view(view, "fill")
         # numpy integers are bytes too; bools and floats are not.
-        byte = operator.index(value) if isinstance(value, numbers.Integral) else None
+        if type(value) is int:  # the common case, without an ABC check
+            byte: int | None = value
+        else:
+            byte = operator.index(value) if isinstance(value, numbers.Integral) else None
         if isinstance(value, bool) or byte is None or not 0 <= byte <= 255:
             raise ContractError(f"fill value must be a byte 0..255, got {value!r}")
         return self._add(Lane.COMPUTE, Fill(view, byte), ((view, Access.WRITE),))
@@ -323,19 +326,20 @@ def _cut_regions(nodes: Sequence[Node]) -> list[list[Node]]:
     return groups
 
 
-def _summarise(
-    accesses: Iterable[tuple[View, Access]],
-) -> tuple[tuple[Interval, ...], tuple[Interval, ...]]:
+_Span = tuple[Buffer, int, int, bool, bool]
+"""A tracked byte range of one access: buffer, start, end, reads, writes."""
+
+
+def _summarise(spans: Iterable[_Span]) -> tuple[tuple[Interval, ...], tuple[Interval, ...]]:
     reads: dict[int, list[tuple[int, int]]] = {}
     writes: dict[int, list[tuple[int, int]]] = {}
     buffers: dict[int, Buffer] = {}
-    for view, access in accesses:
-        buffers[view.buffer.ident] = view.buffer
-        span = tracked_range(view)
-        if access.reads:
-            reads.setdefault(view.buffer.ident, []).append(span)
-        if access.writes:
-            writes.setdefault(view.buffer.ident, []).append(span)
+    for buffer, start, end, is_read, is_write in spans:
+        buffers[buffer.ident] = buffer
+        if is_read:
+            reads.setdefault(buffer.ident, []).append((start, end))
+        if is_write:
+            writes.setdefault(buffer.ident, []).append((start, end))
 
     def flatten(table: dict[int, list[tuple[int, int]]]) -> tuple[Interval, ...]:
         return tuple(
@@ -350,19 +354,25 @@ def _summarise(
 def plan_graph(label: str, domain: Domain, nodes: Sequence[Node]) -> GraphPlan:
     """Cut `nodes` into regions and infer the edges between them. O(nodes)."""
     tracker: AccessTracker[int] = AccessTracker()
+    record = tracker.record
     region_of: list[int] = []
     regions: list[RegionPlan] = []
     edges: set[tuple[int, int]] = set()
     for region_index, group in enumerate(_cut_regions(nodes)):
+        # Each access's tracked range is worked out once, here, and reused by the summary.
+        spans: list[_Span] = []
         for node in group:
             region_of.append(region_index)
             for view, access in node.accesses:
+                buffer = view.buffer
                 start, end = tracked_range(view)
-                for dep in tracker.record(view.buffer.ident, start, end, access.writes, node.index):
+                writes_ = access is not Access.READ
+                spans.append((buffer, start, end, access is not Access.WRITE, writes_))
+                for dep in record(buffer.ident, start, end, writes_, node.index):
                     source = region_of[dep]
                     if source != region_index:
                         edges.add((source, region_index))
-        reads, writes = _summarise(a for node in group for a in node.accesses)
+        reads, writes = _summarise(spans)
         copy_bytes = sum(n.op.dst.nbytes for n in group if isinstance(n.op, Copy))
         regions.append(
             RegionPlan(
@@ -376,7 +386,13 @@ def plan_graph(label: str, domain: Domain, nodes: Sequence[Node]) -> GraphPlan:
                 npu=group[0].npu,
             )
         )
-    all_reads, all_writes = _summarise(a for node in nodes for a in node.accesses)
+    # The graph's summary is the union of its regions' (already merged, so fewer) intervals.
+    all_reads, all_writes = _summarise(
+        (i.buffer, i.start, i.end, is_read, not is_read)
+        for region in regions
+        for intervals, is_read in ((region.reads, True), (region.writes, False))
+        for i in intervals
+    )
     return GraphPlan(
         label=label,
         domain=domain,
