@@ -78,7 +78,8 @@ async def main(repeats: int, as_json: bool) -> None:
                 ) -> hrx.PreparedGraph:
                     return record().prepare()
 
-                prepared = record_and_prepare()
+                for _ in range(3):  # warm-up, untimed
+                    prepared = record_and_prepare()
                 assert len(prepared.nodes) == nodes
                 inferred: list[float] = []
                 explicit: list[float] = []
