@@ -135,7 +135,7 @@ def test_buffer_byte_slicing() -> None:
     assert buffer[8:24] == View(buffer, 8, 16)
     assert buffer[:] == buffer.view()
     assert buffer[-4:] == View(buffer, 60, 4)
-    assert buffer[:] is not None and buffer[0:64].nbytes == 64
+    assert buffer[0:64].nbytes == 64
 
 
 @pytest.mark.parametrize(
