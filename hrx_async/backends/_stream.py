@@ -368,14 +368,29 @@ class EventPool:
 
 
 class FenceWaiter:
-    """A thread that finishes one stream's fences in order, a batch per wake-up."""
+    """A thread that finishes one stream's fences in order, a batch per wake-up.
 
-    def __init__(self, table: DriverTable, device: int, pool: EventPool, name: str) -> None:
+    While the loop may still be polling a fresh fence (`poll_window()` seconds
+    after it was issued), the waiter sleeps instead of waiting in the driver, so
+    the two do not fight over the GIL for the same completion.
+    """
+
+    def __init__(
+        self,
+        table: DriverTable,
+        device: int,
+        pool: EventPool,
+        name: str,
+        poll_window: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self._table = table
         self._device = device
         self._pool = pool
+        self._poll_window = poll_window
         self._pending: collections.deque[StreamFence] = collections.deque()
-        self._wake = threading.Event()
+        # A lock used as a binary semaphore: released to wake the idle thread (one futex op).
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._idle = False
         self._closing = False
         self._last_finished = 0.0
@@ -387,11 +402,15 @@ class FenceWaiter:
         # The waiter sets _idle before its last look at _pending, so either it sees this
         # fence or we see _idle and wake it.
         if self._idle:
-            self._wake.set()
+            self._signal()
+
+    def _signal(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already released: the waiter is awake
+            self._wake.release()
 
     def close(self) -> None:
         self._closing = True
-        self._wake.set()
+        self._signal()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
@@ -406,12 +425,15 @@ class FenceWaiter:
                     return
                 self._idle = True
                 if not pending and not self._closing:
-                    self._wake.wait()
-                self._wake.clear()
+                    self._wake.acquire()
                 self._idle = False
                 continue
             head = pending[0]
             head_error: BaseException | None = None
+            if not head._done:
+                window = head.issued_at + self._poll_window() - time.perf_counter()
+                if window > 0:
+                    time.sleep(window)
             if not head._done:
                 try:
                     table.event_synchronize(head._event)
@@ -623,9 +645,10 @@ class StreamBackend:
         table: DriverTable,
         device: int,
         target: str,
-        blocking_sync: bool = True,
+        blocking_sync: bool = False,
         poll_budget_us: float = DEFAULT_POLL_BUDGET_US,
         cache: KernelCache | None = None,
+        defer_waiter: bool = True,
     ) -> None:
         self.table = table
         self.name = table.name
@@ -633,6 +656,8 @@ class StreamBackend:
         self.target = target
         self.poll_budget_us = poll_budget_us
         self.blocking_sync = blocking_sync
+        self.defer_waiter = defer_waiter
+        """Let the loop's poll have a fresh fence before its waiter thread waits on it."""
         self.native_graphs_prepared = 0
         self.copy_streams_created = 0
         self.events = EventPool(table, blocking_sync)
@@ -694,14 +719,21 @@ class StreamBackend:
 
     # -- execution -----------------------------------------------------------------------
 
-    def _waiter_for(self, handle: int) -> FenceWaiter:
+    def _waiter_for(self, handle: int, polled: bool = False) -> FenceWaiter:
         waiter = self._waiters.get(handle)
         if waiter is None:
             waiter = FenceWaiter(
-                self.table, self.device, self.events, f"hrx-{self.name}-fences-{len(self._waiters)}"
+                self.table,
+                self.device,
+                self.events,
+                f"hrx-{self.name}-fences-{len(self._waiters)}",
+                self._poll_window if polled else lambda: 0.0,
             )
             self._waiters[handle] = waiter
         return waiter
+
+    def _poll_window(self) -> float:
+        return self.poll_budget_us * 1e-6 if self.defer_waiter else 0.0
 
     def queue(self, key: QueueKey) -> StreamQueue:
         queue = self._queues.get(key)
@@ -712,7 +744,7 @@ class StreamBackend:
             self._streams[handle] = stream
             if lane in (Lane.UPLOAD, Lane.DOWNLOAD):
                 self.copy_streams_created += 1
-            queue = StreamQueue(self, stream, self._waiter_for(handle))
+            queue = StreamQueue(self, stream, self._waiter_for(handle, polled=True))
             self._queues[key] = queue
         return queue
 
