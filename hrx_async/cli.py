@@ -1,0 +1,361 @@
+"""The `hrx-async` command (also `python -m hrx_async`).
+
+    hrx-async demo                 GPU + NPU in parallel on this machine, with a trace and a picture
+    hrx-async info | doctor        versions, backends, devices (doctor also self-tests)
+    hrx-async bench NAME [ARGS]    one of the example programs, optionally as JSON
+    hrx-async run --kernel ...     launch one kernel on files and dump its buffers
+    hrx-async trace-plot T -o PNG  draw a saved trace as a lane timeline
+
+Exit status: 0 success, 1 failure, 64 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+
+from . import __version__
+from .errors import ContractError, HrxError, Unsupported
+from .examples import NAMES, spec
+from .examples._common import (
+    BACKENDS,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    LOOPS,
+    Report,
+    UsageError,
+    stderr_progress,
+)
+
+DEMO_ELEMENTS = 6 << 20
+DEMO_MATRICES = 16384
+DEMO_SAMPLES = 101
+DEMO_TRACE = "hrx-trace.json"
+DEMO_TIMELINE = "hrx-timeline.png"
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors exit 64 (EX_USAGE) rather than 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
+    return None if args.quiet else stderr_progress
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from .examples import gpu_npu_parallel
+
+    params = gpu_npu_parallel.parse(
+        [str(args.elements), str(args.matrices), str(args.samples), str(args.trace)]
+    )
+    report = Report(progress_to=_progress(args))
+    report.progress(
+        f"demo: {args.elements} GPU elements + {args.matrices} NPU matrices, "
+        f"{args.samples} samples on backend {args.backend!r}",
+        force=True,
+    )
+    result = anyio.run(gpu_npu_parallel.run, params, args.backend, report, backend=args.loop)
+    if result.trace is None:
+        raise HrxError("the demo recorded no trace")
+    try:
+        from .plot import plot_timeline
+
+        plot_timeline(
+            result.trace,
+            args.timeline,
+            title=f"gpu_npu_parallel: {result.values['backend']} GPU + NPU lanes, four replays",
+        )
+    except Unsupported as exc:
+        print(f"Timeline: not drawn: {exc}")
+        print(f"The trace {args.trace} is written; open it in Perfetto or chrome://tracing.")
+        return EXIT_OK
+    print(f"Timeline: {args.timeline}")
+    return EXIT_OK
+
+
+# -- info and doctor ---------------------------------------------------------------------------
+
+
+def _describe_backend(report: dict[str, Any]) -> str:
+    name = report.get("backend", "?")
+    if not report.get("available"):
+        install = f" (install: {report['install']})" if report.get("install") else ""
+        return f"  {name}: unavailable: {report.get('reason', 'unknown reason')}{install}"
+    details = ", ".join(
+        f"{key} {value}" for key, value in report.items() if key not in ("backend", "available")
+    )
+    return f"  {name}: available ({details})"
+
+
+def _print_info(data: dict[str, Any]) -> None:
+    print(f"hrx-async {data['hrx_async']} on Python {data['python']} ({data['platform']})")
+    print(f"cpus: {data['cpus']}")
+    print("packages:")
+    for name, version in data["packages"].items():
+        print(f"  {name}: {version or 'not installed'}")
+    print("backends:")
+    for report in data["backends"]:
+        print(_describe_backend(report))
+    forced = f" (HRX_BACKEND={data['HRX_BACKEND']})" if data["HRX_BACKEND"] else ""
+    print(f'Runtime(backend="auto") opens: {data["auto"]}{forced}')
+
+
+def info_command(args: argparse.Namespace) -> int:
+    from .doctor import info
+
+    data = info()
+    if args.json:
+        print(json.dumps(data, default=str))
+    else:
+        _print_info(data)
+    return EXIT_OK
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    from .doctor import device_nodes, info, run_self_tests
+
+    data = info()
+    data["device_nodes"] = device_nodes()
+    usable = [r["backend"] for r in data["backends"] if r.get("available")]
+    if not args.json:
+        _print_info(data)
+        print("device nodes:")
+        for kind, paths in data["device_nodes"].items():
+            print(f"  {kind}: {', '.join(paths) if paths else 'none'}")
+        print(f"self-test on {', '.join(usable)} ...", flush=True)
+    data["self_test"] = run_self_tests(usable)
+    failures = {name: problem for name, problem in data["self_test"].items() if problem}
+    if args.json:
+        print(json.dumps(data, default=str))
+    else:
+        for name, problem in data["self_test"].items():
+            print(f"  {name}: {'ok' if problem is None else 'FAILED: ' + problem}")
+        print("all checks passed" if not failures else f"{len(failures)} backend(s) failed")
+    return EXIT_FAILURE if failures else EXIT_OK
+
+
+# -- bench -------------------------------------------------------------------------------------
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    from .examples._common import main_for
+
+    # Global options may also follow NAME, among the program's own arguments.
+    forwarded = [item for item in args.args if item not in ("-q", "--quiet")]
+    if len(forwarded) != len(args.args):
+        args.quiet = True
+    if args.backend is not None:
+        forwarded += ["--backend", args.backend]
+    if args.loop is not None:
+        forwarded += ["--loop", args.loop]
+    if args.json:
+        forwarded.append("--json")
+    return main_for(spec(args.name), forwarded, progress=_progress(args))
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+class _Ordered(argparse.Action):
+    """Appends (option kind, value) to one shared list, keeping the command line's order."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        items = list(getattr(namespace, self.dest) or [])
+        items.append((self.metavar, values))
+        setattr(namespace, self.dest, items)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from .runner import RunSpec, buffer_args, parse_dims, parse_rotate, report_line, run_kernel
+
+    try:
+        if args.repeat < 1:
+            raise ContractError(f"--repeat must be >= 1, got {args.repeat}")
+        buffers = buffer_args(args.buffers or [])
+        scalars: list[tuple[str, float]] = []
+        for kind, text in args.scalars or []:
+            try:
+                scalars.append((kind, int(text, 10) if kind == "i32" else float(text)))
+            except ValueError:
+                raise ContractError(f"--{kind} needs a number, got {text!r}") from None
+        run_spec = RunSpec(
+            kernel=args.kernel,
+            grid=parse_dims(args.grid, "--grid"),
+            block=parse_dims(args.block, "--block"),
+            repeat=args.repeat,
+            buffers=buffers,
+            scalars=tuple(scalars),
+            rotate=parse_rotate(args.rotate_input, buffers) if args.rotate_input else None,
+            backend=args.backend,
+        )
+    except ContractError as exc:
+        print(f"hrx-async run: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result = anyio.run(run_kernel, run_spec, backend=args.loop)
+    print(report_line(result))
+    return EXIT_OK
+
+
+# -- trace-plot --------------------------------------------------------------------------------
+
+
+def trace_plot_command(args: argparse.Namespace) -> int:
+    from .plot import plot_timeline
+    from .trace import ExecutionTrace
+
+    trace = ExecutionTrace.load(args.trace)
+    plot_timeline(trace, args.output, title=args.title or Path(args.trace).name)
+    print(f"Timeline: {args.output} ({len(trace.events)} regions on {len(trace.lanes)} lanes)")
+    return EXIT_OK
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def _add_backend_options(parser: argparse.ArgumentParser, default: str | None = "auto") -> None:
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default=default, help="GPU backend (default: auto)"
+    )
+    parser.add_argument(
+        "--loop", choices=LOOPS, default=None if default is None else "asyncio", help="event loop"
+    )
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="hrx-async",
+        description="Coordinate GPU and NPU work from async Python: demo, info, benchmarks.",
+    )
+    parser.add_argument("--version", action="version", version=f"hrx-async {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands.required = True
+
+    demo = commands.add_parser(
+        "demo",
+        help="run GPU and NPU work in parallel; write hrx-trace.json and hrx-timeline.png",
+        description="Runs gpu_npu_parallel at a size that takes a few seconds on the sim "
+        "backend, prints its results, writes the trace of four parallel replays and draws "
+        "their lane timeline (needs matplotlib: pip install 'hrx-async[plot]').",
+    )
+    _add_backend_options(demo)
+    demo.add_argument("--elements", type=int, default=DEMO_ELEMENTS, help="GPU int32 elements")
+    demo.add_argument("--matrices", type=int, default=DEMO_MATRICES, help="NPU 8x8 matrices")
+    demo.add_argument("--samples", type=int, default=DEMO_SAMPLES, help="paired samples")
+    demo.add_argument("--trace", default=DEMO_TRACE, help=f"trace file (default {DEMO_TRACE})")
+    demo.add_argument(
+        "--timeline", default=DEMO_TIMELINE, help=f"picture file (default {DEMO_TIMELINE})"
+    )
+    demo.set_defaults(handler=demo_command)
+
+    for name, handler, text in (
+        ("info", info_command, "versions, backends and why a backend is unavailable"),
+        ("doctor", doctor_command, "info, device nodes and a self-test of each usable backend"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(handler=handler)
+
+    bench = commands.add_parser(
+        "bench",
+        help="run an example program (its own arguments follow NAME)",
+        description=f"Run one of the example programs: {', '.join(NAMES)}. Arguments after "
+        "NAME are the program's own (see `hrx-async bench NAME --help`).",
+    )
+    bench.add_argument("name", choices=NAMES, metavar="NAME", help=" | ".join(NAMES))
+    _add_backend_options(bench, default=None)
+    bench.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments")
+    bench.set_defaults(handler=bench_command)
+
+    run = commands.add_parser(
+        "run",
+        help="launch one kernel on files and dump its buffers",
+        description="Launch one kernel and dump its buffers. On sim the kernel is "
+        "module:function (or file.py:function); on GPU backends FILE[:SYMBOL] (C++ source or "
+        "a code object). Buffers bind in the order given. Prints one JSON line: launches, "
+        "total_ms, per_launch_us, input_copies.",
+    )
+    _add_backend_options(run)
+    run.add_argument("--kernel", required=True, help="module:function on sim; FILE[:SYMBOL]")
+    run.add_argument("--grid", required=True, help="x,y,z (missing parts are 1)")
+    run.add_argument("--block", required=True, help="x,y,z (missing parts are 1)")
+    run.add_argument("--repeat", type=int, default=1, help="launches (>= 1; warm-up when > 1)")
+    for option, kind in (("--i32", "i32"), ("--f32", "f32")):
+        run.add_argument(option, dest="scalars", action=_Ordered, metavar=kind, help="scalar")
+    for option, kind, text in (
+        ("--in", "in", "input file"),
+        ("--inout", "inout", "file read, then overwritten with the result"),
+        ("--out", "out", "PATH:BYTES output file"),
+    ):
+        run.add_argument(option, dest="buffers", action=_Ordered, metavar=kind, help=text)
+    run.add_argument("--rotate-input", help="INDEX:COUNT device copies (2..64) of an --in")
+    run.set_defaults(handler=run_command)
+
+    plot = commands.add_parser(
+        "trace-plot",
+        help="draw a trace JSON file as a lane timeline picture",
+        description="Draw a trace written by ExecutionTrace.write (or the demo) as a picture: "
+        "one row per lane, one bar per region, failed regions hatched red.",
+    )
+    plot.add_argument("trace", help="trace JSON file")
+    plot.add_argument("-o", "--output", required=True, help="picture file (.png, .svg, ...)")
+    plot.add_argument("--title", help="picture title (default: the trace file's name)")
+    plot.set_defaults(handler=trace_plot_command)
+
+    try:
+        from . import kernel_cache
+    except ImportError:
+        pass
+    else:
+        kernel_cache.register_cli(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"hrx-async {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ContractError as exc:
+        print(f"hrx-async {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if args.command == "run" else EXIT_FAILURE
+    except (HrxError, OSError) as exc:
+        print(f"hrx-async {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"hrx-async {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,228 @@
+"""What every example shares: argument handling, output, exit codes.
+
+An example module defines `NAME`, `USAGE`, `parse(args) -> params` (raising
+`UsageError`) and `async run(params, backend, report) -> ExampleResult`. The
+same module then runs as a script (`python -m hrx_async.examples.NAME`), from
+the thin wrappers in the repository's `examples/` folder, and from
+`hrx-async bench NAME`.
+
+Exit codes follow the command line's: 0 success, 1 a failure (a wrong result,
+an unavailable backend), 64 a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from ..errors import HrxError
+from ..trace import ExecutionTrace
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 64
+
+LOOPS = ("asyncio", "trio")
+BACKENDS = ("auto", "sim", "cuda", "hip")
+
+P = TypeVar("P")
+
+
+class UsageError(HrxError, ValueError):
+    """The command line is wrong; the message says what is allowed."""
+
+
+class ExampleFailed(HrxError):
+    """The example ran but its result is wrong (a check failed)."""
+
+
+def parse_count(text: str, what: str) -> int:
+    """A decimal integer argument, or `UsageError` naming the argument."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise UsageError(f"{what}: invalid integer: {text!r}") from None
+
+
+class Report:
+    """Where an example's output goes: result lines, and progress for long runs.
+
+    Lines are kept (`lines`) and passed to `emit`; progress goes to `progress_to`
+    at most every `progress_interval` seconds, so a tight loop can call it freely.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[str], None] | None = print,
+        progress_to: Callable[[str], None] | None = None,
+        progress_interval: float = 0.5,
+    ) -> None:
+        self.lines: list[str] = []
+        self._emit = emit
+        self._progress_to = progress_to
+        self._interval = progress_interval
+        self._last_progress = 0.0
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+        if self._emit is not None:
+            self._emit(text)
+
+    def progress(self, text: str, force: bool = False) -> None:
+        if self._progress_to is None:
+            return
+        now = time.monotonic()
+        if force or now - self._last_progress >= self._interval:
+            self._last_progress = now
+            self._progress_to(text)
+
+
+def stderr_progress(text: str) -> None:
+    print(f"[hrx-async] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ExampleResult:
+    """An example's measured values (JSON-ready) and, where it took one, its trace."""
+
+    values: dict[str, Any]
+    trace: ExecutionTrace | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    """Options every example takes besides its own positional arguments."""
+
+    backend: str = "auto"
+    loop: str = "asyncio"
+    help: bool = False
+    json: bool = False
+
+
+def split_common(argv: Sequence[str]) -> tuple[CommonOptions, list[str]]:
+    """Take `--backend NAME`, `--loop asyncio|trio`, `--json` and `--help` out of `argv`."""
+    backend, loop, wants_help, wants_json = "auto", "asyncio", False, False
+    rest: list[str] = []
+    items = list(argv)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        name, eq, inline = item.partition("=")
+        if name in ("--backend", "--loop"):
+            if eq:
+                value = inline
+            elif index + 1 < len(items):
+                index += 1
+                value = items[index]
+            else:
+                raise UsageError(f"{name} needs a value")
+            if name == "--backend":
+                if value not in BACKENDS:
+                    raise UsageError(
+                        f"--backend must be one of {', '.join(BACKENDS)}, got {value!r}"
+                    )
+                backend = value
+            else:
+                if value not in LOOPS:
+                    raise UsageError(f"--loop must be one of {', '.join(LOOPS)}, got {value!r}")
+                loop = value
+        elif item in ("--help", "-h"):
+            wants_help = True
+        elif item == "--json":
+            wants_json = True
+        elif item.startswith("--") and item != "--":
+            raise UsageError(f"unknown option {item!r}")
+        else:
+            rest.append(item)
+        index += 1
+    return CommonOptions(backend, loop, wants_help, wants_json), rest
+
+
+@dataclass(frozen=True)
+class ExampleSpec(Generic[P]):
+    """An example's name, usage line, argument parser and body."""
+
+    name: str
+    usage: str
+    parse: Callable[[Sequence[str]], P]
+    run: Callable[[P, str, Report], Awaitable[ExampleResult]]
+
+
+COMMON_USAGE = (
+    "options: --backend auto|sim|cuda|hip (default auto), --loop asyncio|trio (default asyncio), "
+    "--json (print the results as one JSON object)"
+)
+
+
+def main_for(
+    spec: ExampleSpec[Any],
+    argv: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Run an example as a program: parse, run on the chosen loop, map errors to exit codes.
+
+    Progress goes to `progress` (by default to stderr when it is a terminal). With
+    `--json` the result lines are not printed; one JSON object with the measured values
+    and the lines is printed instead.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options, rest = split_common(args)
+        if options.help:
+            print(spec.usage)
+            print(COMMON_USAGE)
+            return EXIT_OK
+        params = spec.parse(rest)
+    except UsageError as exc:
+        return _usage_failure(spec, exc)
+    if progress is None and sys.stderr.isatty():
+        progress = stderr_progress
+    report = Report(emit=None if options.json else print, progress_to=progress)
+    start = time.perf_counter()
+    try:
+        result = anyio.run(spec.run, params, options.backend, report, backend=options.loop)
+    except UsageError as exc:
+        return _usage_failure(spec, exc)
+    except (HrxError, OSError) as exc:
+        print(f"error: {spec.name}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if options.json:
+        document = {
+            "example": spec.name,
+            "args": rest,
+            "backend": result.values.get("backend", options.backend),
+            "loop": options.loop,
+            "wall_s": round(time.perf_counter() - start, 3),
+            "results": result.values,
+            "output": report.lines,
+        }
+        print(json.dumps(document))
+    return EXIT_OK
+
+
+def _usage_failure(spec: ExampleSpec[Any], error: UsageError) -> int:
+    print(f"error: {spec.name}: {error}", file=sys.stderr)
+    print(spec.usage, file=sys.stderr)
+    return EXIT_USAGE
+
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "ExampleFailed",
+    "ExampleResult",
+    "ExampleSpec",
+    "Report",
+    "UsageError",
+    "main_for",
+    "parse_count",
+    "split_common",
+]
