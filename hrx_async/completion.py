@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class Completion:
         "_cancel",
         "_error",
         "_event",
+        "_poll",
         "_thread_event",
         "_waiters_lock",
         "finished_at",
@@ -43,9 +44,15 @@ class Completion:
         "submitted_at",
     )
 
-    def __init__(self, label: str, cancel: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        label: str,
+        cancel: Callable[[], None],
+        poll: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.label = label
         self._cancel: Callable[[], None] | None = cancel
+        self._poll = poll
         self._error: BaseException | None = None
         self._event: anyio.Event | None = None
         self._thread_event: threading.Event | None = None
@@ -60,7 +67,7 @@ class Completion:
         if self.finished_at is not None:
             return
         self._error = error
-        self._cancel = None
+        self._cancel = self._poll = None
         with self._waiters_lock:
             self.finished_at = time.perf_counter()
             thread_event = self._thread_event
@@ -100,6 +107,9 @@ class Completion:
 
     async def wait_done(self) -> None:
         """Wait until finished without raising the submission's error."""
+        poll = self._poll
+        if poll is not None and self.finished_at is None:
+            await poll()
         if self.finished_at is None:
             if self._event is None:
                 self._event = anyio.Event()

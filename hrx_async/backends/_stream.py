@@ -255,6 +255,7 @@ class StreamFence:
         "_thread_event",
         "finished_at",
         "issued_at",
+        "poll_deadline",
         "started_at",
     )
 
@@ -267,6 +268,8 @@ class StreamFence:
         self._error: BaseException | None = None
         self._thread_event: threading.Event | None = None
         self.issued_at = issued_at
+        self.poll_deadline = 0.0
+        """Set by the scheduler: until then the loop polls this fence and the waiter sleeps."""
         self.started_at: float | None = None
         self.finished_at: float | None = None
 
@@ -431,7 +434,8 @@ class FenceWaiter:
             head = pending[0]
             head_error: BaseException | None = None
             if not head._done:
-                window = head.issued_at + self._poll_window() - time.perf_counter()
+                deadline = head.poll_deadline or head.issued_at + self._poll_window()
+                window = deadline - time.perf_counter()
                 if window > 0:
                     time.sleep(window)
             if not head._done:

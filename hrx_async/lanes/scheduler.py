@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from ..prepared import PreparedGraph
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
+POLL_CAP_S = 0.001
+"""The longest the loop polls one fence; longer waits are left to the backend's waiter."""
+POLL_CAP_S = 0.001
+"""The longest the loop polls one fence; longer waits are left to the backend's waiter."""
 
 
 def is_sticky(error: BaseException) -> bool:
@@ -59,25 +63,32 @@ class RegionRun:
         "deps",
         "done_waiters",
         "error",
+        "estimates",
         "fence",
         "issued_waiters",
-        "lane",
         "plan",
+        "poll_deadline",
         "program",
         "provider",
-        "queue",
         "started_at",
         "state",
         "submission",
     )
 
     def __init__(
-        self, submission: Submission, plan: RegionPlan, program: Any, provider: object
+        self,
+        submission: Submission,
+        plan: RegionPlan,
+        program: Any,
+        provider: object,
+        estimates: list[float],
     ) -> None:
         self.submission = submission
         self.plan = plan
         self.program = program
         self.provider = provider
+        self.estimates = estimates
+        self.poll_deadline = 0.0
         self.deps: list[RegionRun] = []
         self.state = QUEUED
         self.fence: Fence | None = None
@@ -107,6 +118,8 @@ class RegionRun:
             await event.wait()
 
     def on_fence(self, fence: Any) -> None:
+        if self.state >= DONE:
+            return  # the loop's poll finished it already
         submission = self.submission
         error = fence.error()
         if error is not None:
@@ -169,7 +182,28 @@ class Submission:
         self.device_error: BaseException | None = None
         self.runs: list[RegionRun] = []
         self.remaining = 0
-        self.completion = Completion(label, self.cancel)
+        self.completion = Completion(label, self.cancel, self.poll)
+
+    async def poll(self) -> None:
+        """Poll this submission's fences from the awaiting task while they are due soon.
+
+        A short wait then finishes without any thread hop or extra loop wake-up; once
+        nothing is due within its poll window, the caller waits for the callbacks.
+        """
+        finish = self.scheduler.fence_done
+        while self.remaining:
+            now = time.perf_counter()
+            due = False
+            for run in self.runs:
+                fence = run.fence
+                if fence is None or run.state >= DONE or now > run.poll_deadline:
+                    continue
+                due = True
+                if fence.query():
+                    finish(run)
+            if not due or not self.remaining:
+                return
+            await anyio.lowlevel.checkpoint()
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -185,6 +219,11 @@ class LaneRunner:
         self.items: collections.deque[RegionRun] = collections.deque()
         self.wakeup: anyio.Event | None = None
         self.closing = False
+        self.busy = False
+
+    @property
+    def idle(self) -> bool:
+        return not self.items and not self.busy
 
     def push(self, run: RegionRun) -> None:
         self.items.append(run)
@@ -210,7 +249,11 @@ class LaneRunner:
                     await self.wakeup.wait()
                     self.wakeup = None
                     continue
-                await issue(items.popleft())
+                self.busy = True
+                try:
+                    await issue(items.popleft())
+                finally:
+                    self.busy = False
 
 
 class Scheduler:
@@ -239,7 +282,7 @@ class Scheduler:
         self.lost: BaseException | None = None
         self.closed = False
         self.loop_thread = threading.get_ident()
-        self.polled: collections.deque[tuple[RegionRun, Fence, float]] = collections.deque()
+        self.polled: collections.deque[RegionRun] = collections.deque()
         self.poller_wakeup: anyio.Event | None = None
         self.poller_started = False
 
@@ -282,7 +325,7 @@ class Scheduler:
         for region, program, provider in zip(
             plan.regions, prepared.programs, prepared.providers, strict=True
         ):
-            run = RegionRun(submission, region, program, provider)
+            run = RegionRun(submission, region, program, provider, prepared.estimates)
             deps: set[object] = set()
             for interval in region.reads:
                 deps |= tracker.record(
@@ -308,13 +351,27 @@ class Scheduler:
     def _admit(self, submission: Submission) -> None:
         self.in_flight += 1
         lanes = self.lanes
+        direct = not submission.after and self.lost is None
         for run in submission.runs:
             key = run.plan.queue_key
             lane = lanes.get(key)
             if lane is None:
                 lane = lanes[key] = LaneRunner(self, key)
                 self.task_group.start_soon(lane.serve, name=f"hrx-lane-{key[0].label}-{key[1]}")
+            if direct and lane.idle and self._unblocked(run):
+                # Nothing queued ahead on this lane and nothing to wait for: issue now,
+                # saving the lane task's wake-up. Work that must wait goes through the lane,
+                # where it stays cancellable until its dependencies are issued.
+                self._launch(run, [])
+                continue
             lane.push(run)
+
+    @staticmethod
+    def _unblocked(run: RegionRun) -> bool:
+        """True when every dependency of `run` finished successfully (or it has none)."""
+        if isinstance(run.program, AsyncHostProgram):
+            return False
+        return all(dep.state == DONE or dep.state == SKIPPED for dep in run.deps)
 
     def cancel_waiting(self, submission: Submission) -> None:
         """A cancelled submission still waiting for admission finishes at once."""
@@ -364,11 +421,15 @@ class Scheduler:
         if isinstance(program, AsyncHostProgram):
             await self._run_inline(run, program)
             return
+        self._launch(run, waits)
+
+    def _launch(self, run: RegionRun, waits: list[Fence]) -> None:
+        """Hand `run` to its queue (device-side waits first) and start watching its fence."""
         run.state = ISSUED
-        run.started_at = time.perf_counter()
+        run.started_at = now = time.perf_counter()
         queue: LaneQueue = run.provider.queue(run.plan.queue_key)  # type: ignore[attr-defined]
         try:
-            fence = queue.submit(program, waits, run.failure_of_dependencies)
+            fence = queue.submit(run.program, waits, run.failure_of_dependencies)
         except BaseException as exc:
             self.finish(run, exc)
             return
@@ -378,16 +439,22 @@ class Scheduler:
             run.issued_waiters = None
             for event in waiters:
                 event.set()
+        budget_us: float = getattr(run.provider, "poll_budget_us", 0.0)
+        if budget_us > 0:
+            # Poll for the region's usual duration plus the backend's budget, within a cap.
+            expected = run.estimates[run.plan.index]
+            run.poll_deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+            if hasattr(fence, "poll_deadline"):
+                fence.poll_deadline = run.poll_deadline
         fence.add_done_callback(run.on_fence)
-        budget: float = getattr(run.provider, "poll_budget_us", 0.0)
-        if budget > 0:
-            self._poll(run, fence, budget)
+        if budget_us > 0:
+            self._poll(run)
 
     # -- polling short waits ---------------------------------------------------
 
-    def _poll(self, run: RegionRun, fence: Fence, budget_us: float) -> None:
-        """Watch `fence` from the loop for `budget_us`: a short wait then costs no thread hop."""
-        self.polled.append((run, fence, time.perf_counter() + budget_us * 1e-6))
+    def _poll(self, run: RegionRun) -> None:
+        """Watch the fence from the loop until its deadline: a short wait costs no thread hop."""
+        self.polled.append(run)
         if not self.poller_started:
             self.poller_started = True
             self.task_group.start_soon(self._poller, name="hrx-fence-poller")
@@ -405,13 +472,14 @@ class Scheduler:
                     continue
                 now = time.perf_counter()
                 for _ in range(len(polled)):
-                    run, fence, deadline = polled.popleft()
-                    if run.fence is not fence or run.state >= DONE:
+                    run = polled.popleft()
+                    fence = run.fence
+                    if fence is None or run.state >= DONE:
                         continue
                     if fence.query():
                         self.fence_done(run)
-                    elif now < deadline:
-                        polled.append((run, fence, deadline))
+                    elif now < run.poll_deadline:
+                        polled.append(run)
                 await anyio.sleep(0)
 
     async def _run_inline(self, run: RegionRun, program: AsyncHostProgram) -> None:
@@ -467,6 +535,11 @@ class Scheduler:
             run.state = SKIPPED
         else:
             run.state = DONE
+            started = run.started_at
+            if started is not None and run.fence is not None:
+                # Learn how long this region takes, so its next replay is polled as long.
+                estimates, index = run.estimates, plan.index
+                estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
             if plan.copy_bytes:
                 self.counters.copied(plan.lane, plan.copy_bytes)
         started = run.started_at
