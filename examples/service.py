@@ -1,0 +1,311 @@
+"""A FastAPI service that runs each request through a prepared GPU + NPU graph.
+
+POST /v1/transform takes a vector, either as JSON (`{"values": [...]}`) or as
+raw bytes (`Content-Type: application/octet-stream`, element type in the
+`X-Dtype` header: float32, float64 or int32), and returns
+`clip(2 * x + 1, 0, 6)` in the same form (binary answers are float32). The
+work is one prepared graph per slot:
+
+    upload (host staging -> GPU) -> GPU kernel 2x+1 -> NPU kernel clip(.., 0, 6)
+    -> download (-> host staging)
+
+On the sim backend both kernels are numpy functions; on CUDA the GPU kernel is
+compiled from the C++ source below. Requests are padded to one of a few size
+classes, and each class has a pool of slots built on first use, so serving
+allocates nothing after warm-up. Bad input is refused with a 4xx before it
+reaches the runtime. `/healthz`, `/stats` and `/metrics` come from
+`RuntimeService.add_routes`.
+
+Run it:  python examples/service.py --port 8000 [--backend sim|cuda|hip|auto]
+or:      uvicorn --app-dir examples service:app   (HRX_BACKEND picks the backend)
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the handler's annotations,
+# which name a local dependency.
+
+import argparse
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+
+import hrx_async as hrx
+from hrx_async.serve import RuntimeService
+from hrx_async.slots import SlotPool
+
+SCALE = 2.0
+SHIFT = 1.0
+CEILING = 6.0
+
+SIZE_CLASSES = (1024, 16384, 262144)
+"""Vector lengths the graphs are prepared for; a request uses the smallest that fits."""
+MAX_VALUES = SIZE_CLASSES[-1]
+DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name) for name in ("float32", "float64", "int32")
+}
+MAX_BODY_BYTES = MAX_VALUES * 24
+"""Raw bytes of the largest float64 vector, or a JSON list of MAX_VALUES numbers written
+with up to 23 characters each."""
+
+SCALE_SHIFT_CXX = r"""
+extern "C" __global__ void scale_shift(const float* x, float* y) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) {
+        y[i] = x[i] * SCALE + SHIFT;
+    }
+}
+"""
+
+
+def transform_reference(values: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """What the service computes, in plain numpy (float32 throughout, like the kernels)."""
+    x = np.asarray(values, dtype=np.float32)
+    y = x * np.float32(SCALE) + np.float32(SHIFT)
+    result: np.ndarray[Any, np.dtype[np.float32]] = np.clip(y, np.float32(0.0), np.float32(CEILING))
+    return result
+
+
+def scale_shift_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    """The GPU kernel for the sim backend: y = x * SCALE + SHIFT."""
+    x, y = arrays[0].view(np.float32), arrays[1].view(np.float32)
+    np.multiply(x, np.float32(SCALE), out=y)
+    np.add(y, np.float32(SHIFT), out=y)
+
+
+def clip_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    """The NPU kernel (sim NPU): z = clip(y, 0, CEILING)."""
+    y, z = arrays[0].view(np.float32), arrays[1].view(np.float32)
+    np.clip(y, np.float32(0.0), np.float32(CEILING), out=z)
+
+
+# -- input validation ---------------------------------------------------------------------
+
+
+class PayloadError(Exception):
+    """A request the service refuses, with the HTTP status to answer."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def parse_json(body: bytes) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """`{"values": [numbers], "dtype": "float32"}` (dtype optional) -> float32 vector."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PayloadError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("values"), list):
+        raise PayloadError(422, 'JSON body must be an object with a "values" list of numbers')
+    dtype = document.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise PayloadError(422, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    values = document["values"]
+    _check_count(len(values))
+    for index, value in enumerate(values):
+        # bool is an int; a true/false in a vector of numbers is a client bug.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PayloadError(422, f"values[{index}] must be a number, got {value!r}")
+    return _to_float32(np.asarray(values, dtype=np.float64))
+
+
+def parse_binary(body: bytes, dtype_name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """Raw little-endian elements of `dtype_name` -> float32 vector."""
+    dtype = DTYPES.get(dtype_name)
+    if dtype is None:
+        raise PayloadError(422, f"X-Dtype must be one of {', '.join(DTYPES)}, got {dtype_name!r}")
+    if len(body) % dtype.itemsize:
+        raise PayloadError(
+            422, f"body has {len(body)} bytes, not a whole number of {dtype_name} elements"
+        )
+    _check_count(len(body) // dtype.itemsize)
+    return _to_float32(np.frombuffer(body, dtype=dtype.newbyteorder("<")))
+
+
+def _check_count(count: int) -> None:
+    if count == 0:
+        raise PayloadError(422, "the vector is empty; send 1 or more values")
+    if count > MAX_VALUES:
+        raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
+
+
+def _to_float32(values: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = values.astype(np.float32)
+    if not np.isfinite(converted).all():
+        bad = int(np.flatnonzero(~np.isfinite(converted))[0])
+        raise PayloadError(
+            422, f"values[{bad}] = {values[bad].item()!r} is not a finite float32 number"
+        )
+    return converted
+
+
+async def read_payload(request: Request) -> tuple[np.ndarray[Any, np.dtype[np.float32]], bool]:
+    """The request's vector and whether it came as binary; `PayloadError` when refused."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("application/json", "application/octet-stream"):
+        raise PayloadError(
+            415, f"Content-Type must be application/json or application/octet-stream, got {kind!r}"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise PayloadError(413, f"body of {declared} bytes exceeds {MAX_BODY_BYTES} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise PayloadError(413, f"body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if kind == "application/json":
+        return parse_json(body), False
+    return parse_binary(body, request.headers.get("x-dtype", "float32")), True
+
+
+# -- the runtime side ---------------------------------------------------------------------
+
+
+@dataclass
+class Pipeline:
+    """One slot's resources: host staging in and out, and the prepared graph between them."""
+
+    size: int
+    staging_in: hrx.Buffer
+    staging_out: hrx.Buffer
+    step: hrx.PreparedGraph
+
+
+@dataclass
+class SizeClass:
+    size: int
+    gpu_kernel: hrx.GpuKernel
+    npu_kernel: hrx.NpuKernel
+
+
+def load_kernels(rt: hrx.Runtime, size: int) -> SizeClass:
+    nbytes = size * 4
+    contract = hrx.KernelContract(
+        [hrx.Binding(nbytes, hrx.Access.READ), hrx.Binding(nbytes, hrx.Access.WRITE)]
+    )
+    block = 256
+    gpu_kernel = rt.load_gpu_kernel(
+        hrx.KernelSource(cxx=SCALE_SHIFT_CXX, host=scale_shift_host),
+        "scale_shift",
+        grid=(math.ceil(size / block), 1, 1),
+        block=(block, 1, 1),
+        contract=contract,
+        defines={"N": size, "SCALE": f"{SCALE}f", "SHIFT": f"{SHIFT}f"},
+    )
+    npu_kernel = rt.npu(0).load_artifact(hrx.KernelSource(host=clip_host), "clip", 1, contract)
+    return SizeClass(size, gpu_kernel, npu_kernel)
+
+
+def build_pipeline(rt: hrx.Runtime, kernels: SizeClass) -> Pipeline:
+    nbytes = kernels.size * 4
+    staging_in = rt.allocate(nbytes, hrx.HOST_VISIBLE, "staging-in")
+    x = rt.allocate(nbytes, hrx.GPU_LOCAL, "x")
+    y = rt.allocate(nbytes, hrx.shared(0), "y")
+    z = rt.allocate(nbytes, hrx.shared(0), "z")
+    staging_out = rt.allocate(nbytes, hrx.HOST_VISIBLE, "staging-out")
+    g = rt.graph(f"transform-{kernels.size}")
+    g.copy(x.view(), staging_in.view())
+    g.gpu(kernels.gpu_kernel, [x.view(), y.view()])
+    g.npu(kernels.npu_kernel, [y.view(), z.view()])
+    g.copy(staging_out.view(), z.view())
+    return Pipeline(kernels.size, staging_in, staging_out, g.prepare())
+
+
+def pipeline_builder(kernels: SizeClass) -> Callable[[hrx.Runtime, int], Pipeline]:
+    """A slot pool's `build`: every slot of a size class gets its own pipeline."""
+    return lambda rt, _index: build_pipeline(rt, kernels)
+
+
+class Transformer:
+    """The app's resources: one slot pool per size class."""
+
+    def __init__(self, rt: hrx.Runtime, slots: int, sizes: Sequence[int] = SIZE_CLASSES) -> None:
+        self.pools: list[tuple[int, SlotPool[Pipeline]]] = []
+        for size in sorted(sizes):
+            kernels = load_kernels(rt, size)
+            pool = SlotPool(rt, slots, pipeline_builder(kernels), f"n{size}")
+            self.pools.append((size, pool))
+
+    def pool_for(self, count: int) -> SlotPool[Pipeline]:
+        for size, pool in self.pools:
+            if count <= size:
+                return pool
+        raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
+
+    async def run(
+        self, values: np.ndarray[Any, np.dtype[np.float32]]
+    ) -> np.ndarray[Any, np.dtype[np.float32]]:
+        count = values.size
+        async with self.pool_for(count).acquire() as slot:
+            pipeline = slot.resources
+            # The slot is idle when handed out, so nothing is pending on its staging.
+            with pipeline.staging_in.map_write_nowait() as memory:
+                np.frombuffer(memory, np.float32, count)[:] = values
+            await slot.submit(pipeline.step)
+            with pipeline.staging_out.view(0, count * 4).map_read_nowait() as memory:
+                return np.frombuffer(memory, np.float32).copy()
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+def create_app(backend: str = "auto", slots: int = 8) -> FastAPI:
+    """The service as a FastAPI app with its own runtime (opened by the app's lifespan)."""
+    service: RuntimeService[Transformer] = RuntimeService(
+        lambda rt: Transformer(rt, slots), backend=backend
+    )
+    app = FastAPI(title="hrx_async transform service", lifespan=service.lifespan)
+    app.state.service = service
+    service.add_routes(app)
+
+    @app.post("/v1/transform")
+    async def transform(
+        request: Request, transformer: Annotated[Transformer, Depends(service.get_resources)]
+    ) -> Response:
+        try:
+            values, binary = await read_payload(request)
+            result = await transformer.run(values)
+        except PayloadError as exc:
+            raise HTTPException(exc.status, exc.detail) from None
+        if binary:
+            return Response(
+                result.tobytes(),
+                media_type="application/octet-stream",
+                headers={"X-Dtype": "float32"},
+            )
+        return JSONResponse({"values": result.tolist()})
+
+    return app
+
+
+app = create_app(os.environ.get("HRX_BACKEND", "auto"), int(os.environ.get("HRX_SLOTS", "8")))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--backend", default="auto", help="auto, sim, cuda or hip")
+    parser.add_argument("--slots", type=int, default=8, help="slots per size class")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(args.backend, args.slots), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,406 @@
+"""BlockingRuntime: the runtime for synchronous code and for other threads.
+
+Scripts, notebooks, sync web endpoints and worker threads cannot `await`. A
+`BlockingRuntime` runs a `Runtime` on an event loop in a background thread
+(asyncio by default, or trio) and reaches it through anyio's blocking portal:
+
+    with hrx.BlockingRuntime(backend="sim") as brt:
+        host = brt.allocate(n * 4, hrx.HOST_VISIBLE)
+        ...
+        step = g.prepare()          # g = brt.graph(): prepared on the loop thread
+        brt.write(host.view(), data)
+        step.run()                  # submit, block until done, raise its error
+        c = step.submit(); c.wait() # or keep the Completion and wait later
+        out = brt.read(host.view())
+
+Every method may be called from any thread except the loop's own, where the
+blocking ones refuse (they would stall the loop) and the rest run directly.
+Graph recording is pure and runs in the calling thread; preparing, submitting,
+mapping and counting hop to the loop thread. `close()` (or leaving the `with`
+block) drains pending work and stops the thread; runtimes still open at
+interpreter exit are closed the same way.
+
+Loop-side code (tasks started with `brt.portal.start_task_soon`) uses
+`brt.runtime` directly, and its submissions interleave with the threads' in
+admission order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from .completion import Completion
+from .contract import KernelContract
+from .errors import ContractError, RuntimeClosed
+from .graph import Graph, GraphPlan
+from .kernels import GpuKernel, KernelSource, NpuKernel
+from .memory import Buffer, Placement, View
+from .prepared import PreparedGraph
+from .runtime import GpuDevice, NpuDevice, Runtime
+from .stats import Statistics
+from .trace import ExecutionTrace
+
+R = TypeVar("R")
+
+_ASYNC_BACKENDS = ("asyncio", "trio")
+
+
+class BlockingPreparedGraph(PreparedGraph):
+    """A prepared graph of a `BlockingRuntime`: `submit()` works from any thread."""
+
+    __slots__ = ("blocking",)
+
+    def __init__(self, blocking: BlockingRuntime, prepared: PreparedGraph) -> None:
+        super().__init__(prepared.runtime, prepared.plan, prepared.programs, prepared.providers)
+        self.blocking = blocking
+
+    def submit(self, after: Iterable[Completion] = ()) -> Completion:
+        """Admit one replay (in call order across all threads) and return its completion.
+
+        Wait for it with `completion.wait(timeout)` from a thread, or `await` it on the loop.
+        """
+        return self.blocking.call(PreparedGraph.submit, self, tuple(after))
+
+    def submit_nowait(self, after: Iterable[Completion] = ()) -> Completion:
+        return self.blocking.call(PreparedGraph.submit_nowait, self, tuple(after))
+
+    def run(self, after: Iterable[Completion] = ()) -> None:
+        """Submit, block this thread until the replay finishes, and raise its error if it failed."""
+        self.blocking._refuse_on_loop("run()", "await prepared.submit()")
+        completion = self.submit(after)
+        completion.wait()
+        completion.result()
+
+
+class _BlockingNpu:
+    """An NPU of a `BlockingRuntime`; `load_artifact` runs on the loop thread."""
+
+    def __init__(self, blocking: BlockingRuntime, device: NpuDevice) -> None:
+        self._blocking = blocking
+        self.device = device
+        self.index = device.index
+        self.target = device.target
+
+    def load_artifact(
+        self, source: KernelSource, name: str, columns: int, contract: KernelContract
+    ) -> NpuKernel:
+        return self._blocking.call(self.device.load_artifact, source, name, columns, contract)
+
+    def __repr__(self) -> str:
+        return f"<BlockingNpu {self.index} {self.target}>"
+
+
+class BlockingRuntime:
+    """A `Runtime` on a background event loop, usable from synchronous code and any thread.
+
+    `async_backend` picks the loop ("asyncio" or "trio"); every other argument is the
+    `Runtime`'s. Opening happens in the constructor and raises what `Runtime` raises.
+    """
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        *,
+        async_backend: str = "asyncio",
+        **runtime_options: Any,
+    ) -> None:
+        if async_backend not in _ASYNC_BACKENDS:
+            raise ContractError(
+                f"async_backend must be one of {', '.join(_ASYNC_BACKENDS)}, got {async_backend!r}"
+            )
+        self.runtime = Runtime(backend, **runtime_options)
+        self.async_backend = async_backend
+        self._portal: BlockingPortal | None = None
+        self._stop: anyio.Event | None = None
+        self._loop_ident: int | None = None
+        self._error: BaseException | None = None
+        # In-flight hops to the loop; close() lets them finish before the loop stops.
+        self._state = threading.Condition()
+        self._hops = 0
+        self._closing = False
+        self._closed = False
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="hrx-blocking-loop", daemon=True
+        )
+        self._thread.start()
+        try:
+            ready.result()
+        except BaseException:
+            self._thread.join()
+            raise
+        _open_runtimes.add(self)
+        _register_atexit()
+
+    # -- the loop thread -------------------------------------------------------------
+
+    def _thread_main(self, ready: Future[None]) -> None:
+        try:
+            anyio.run(self._serve, ready, backend=self.async_backend)
+        except BaseException as exc:
+            error = _unwrap(exc)
+            if ready.done():
+                self._error = error
+            else:
+                ready.set_exception(error)
+
+    async def _serve(self, ready: Future[None]) -> None:
+        async with BlockingPortal() as portal, self.runtime:
+            self._portal = portal
+            self._stop = anyio.Event()
+            self._loop_ident = threading.get_ident()
+            ready.set_result(None)
+            await self._stop.wait()
+
+    # -- hopping to the loop ---------------------------------------------------------
+
+    @property
+    def portal(self) -> BlockingPortal:
+        """The portal to the runtime's loop (start loop-side tasks with `start_task_soon`)."""
+        if self._portal is None or self._closed:
+            raise RuntimeClosed("this BlockingRuntime is closed")
+        return self._portal
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_ident
+
+    @contextmanager
+    def _hop(self) -> Iterator[BlockingPortal]:
+        with self._state:
+            if self._closing:
+                raise RuntimeClosed("this BlockingRuntime is closed; create a new one")
+            self._hops += 1
+        try:
+            assert self._portal is not None
+            yield self._portal
+        finally:
+            with self._state:
+                self._hops -= 1
+                if not self._hops:
+                    self._state.notify_all()
+
+    def call(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run the synchronous `fn(*args)` on the loop thread and return its result."""
+        if self.on_loop_thread():
+            return fn(*args)
+        with self._hop() as portal:
+            # Boxed: the portal would await an awaitable result (a Completion) itself.
+            boxed: tuple[R] = portal.call(_boxed, fn, args)
+            return boxed[0]
+
+    def call_async(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """Run `await fn(*args)` on the loop thread, blocking this thread until it returns."""
+        self._refuse_on_loop("call_async()", "await the coroutine")
+        with self._hop() as portal:
+            return portal.call(fn, *args)
+
+    def _refuse_on_loop(self, what: str, instead: str) -> None:
+        if self.on_loop_thread():
+            raise ContractError(f"{what} blocks, so it cannot run on the runtime's loop; {instead}")
+
+    # -- the Runtime's API, from any thread --------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self.runtime.healthy
+
+    @property
+    def backend_name(self) -> str:
+        return self.call(lambda: self.runtime.backend_name)
+
+    def gpu(self) -> GpuDevice:
+        return self.call(self.runtime.gpu)
+
+    def npu(self, index: int = 0) -> _BlockingNpu:
+        return _BlockingNpu(self, self.call(self.runtime.npu, index))
+
+    def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
+        return self.call(self.runtime.allocate, nbytes, placement, label)
+
+    def free(self, buffer: Buffer) -> None:
+        """`buffer.free()` on the loop thread (`Busy` while work or a mapping uses it)."""
+        self.call(buffer.free)
+
+    def load_gpu_kernel(
+        self,
+        source: KernelSource,
+        name: str,
+        grid: Iterable[int],
+        block: Iterable[int],
+        contract: KernelContract,
+        defines: Mapping[str, str | int] | None = None,
+        shared_bytes: int = 0,
+    ) -> GpuKernel:
+        return self.call(
+            self.runtime.load_gpu_kernel,
+            source,
+            name,
+            tuple(grid),
+            tuple(block),
+            contract,
+            defines,
+            shared_bytes,
+        )
+
+    def graph(self, label: str = "graph") -> Graph:
+        """A graph to record in this thread; its `prepare()` returns a `BlockingPreparedGraph`."""
+        checked = self.call(self.runtime.graph, label)
+        return Graph(checked.domain, label, self._prepare)
+
+    def _prepare(self, plan: GraphPlan) -> PreparedGraph:
+        return BlockingPreparedGraph(self, self.call(self.runtime._prepare, plan))
+
+    def statistics(self) -> Statistics:
+        return self.call(self.runtime.statistics)
+
+    def start_trace(self, capacity: int = 65536) -> None:
+        self.call(self.runtime.start_trace, capacity)
+
+    def finish_trace(self) -> ExecutionTrace | None:
+        return self.call(self.runtime.finish_trace)
+
+    def drain(self) -> None:
+        """Block until every submission made so far has finished."""
+        self.call_async(self.runtime.drain)
+
+    # -- host memory -------------------------------------------------------------------
+
+    def map_read(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
+        """`with brt.map_read(view) as mem:` waits for conflicting work, maps read-only."""
+        return self._map(view, write=False)
+
+    def map_write(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
+        """`with brt.map_write(view) as mem:` waits for conflicting work, maps writable."""
+        return self._map(view, write=True)
+
+    @contextmanager
+    def _map(self, view: View | Buffer, write: bool) -> Iterator[memoryview]:
+        self._refuse_on_loop("map_read()/map_write()", "use `async with view.map_read()`")
+        target = view.view() if isinstance(view, Buffer) else view
+        if not isinstance(target, View):
+            raise ContractError(f"map_read()/map_write() take a View or Buffer, got {view!r}")
+        # The hop lasts as long as the mapping, so close() waits for its release.
+        with (
+            self._hop() as portal,
+            portal.wrap_async_context_manager(_mapping(target, write)) as memory,
+        ):
+            yield memory
+
+    def read(self, view: View | Buffer) -> bytes:
+        """A copy of the bytes of `view`, after conflicting work has finished."""
+        with self.map_read(view) as memory:
+            return bytes(memory)
+
+    def write(self, view: View | Buffer, data: bytes | bytearray | memoryview) -> None:
+        """Overwrite `view` with `data` (exactly its length), after conflicting work."""
+        source = memoryview(data).cast("B")
+        target = view.view() if isinstance(view, Buffer) else view
+        if not isinstance(target, View) or source.nbytes != target.nbytes:
+            raise ContractError(
+                f"write() needs {getattr(target, 'nbytes', '?')} bytes for {view!r}, "
+                f"got {source.nbytes}"
+            )
+        with self.map_write(target) as memory:
+            memory[:] = source
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drain pending work, close the runtime and stop the loop thread. Idempotent.
+
+        Waits for other threads' calls in progress and for live host mappings to be
+        released. Raises what closing the runtime raised, if anything.
+        """
+        self._refuse_on_loop("close()", "close it from another thread")
+        with self._state:
+            if self._closing:
+                already = True
+            else:
+                already = False
+                self._closing = True
+                while self._hops:
+                    self._state.wait()
+        if not already and self._thread.is_alive():
+            assert self._portal is not None and self._stop is not None
+            # RuntimeError: the loop already ended on its own.
+            with contextlib.suppress(RuntimeError):
+                self._portal.call(self._stop.set)
+        self._thread.join()
+        self._closed = True
+        _open_runtimes.discard(self)
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> BlockingRuntime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<BlockingRuntime {self.async_backend} {state}>"
+
+
+@asynccontextmanager
+async def _mapping(view: View, write: bool) -> AsyncIterator[memoryview]:
+    mapping = view.map_write() if write else view.map_read()
+    async with mapping as memory:
+        yield memory
+
+
+def _boxed(fn: Callable[..., R], args: tuple[Any, ...]) -> tuple[R]:
+    return (fn(*args),)
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """A task group's wrapping of a single error is noise for the caller; give the error."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+_open_runtimes: set[BlockingRuntime] = set()
+_atexit_registered = False
+_atexit_lock = threading.Lock()
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    with _atexit_lock:
+        if not _atexit_registered:
+            atexit.register(_close_open_runtimes)
+            _atexit_registered = True
+
+
+def _close_open_runtimes() -> None:
+    """At interpreter exit: drain and close what the program left open (daemon threads are
+    still running when atexit handlers run)."""
+    for blocking in list(_open_runtimes):
+        try:
+            blocking.close()
+        except Exception as exc:  # exit must go on; say what was lost
+            print(f"hrx_async: closing {blocking!r} at exit failed: {exc!r}")
+
+
+__all__ = ["BlockingPreparedGraph", "BlockingRuntime"]

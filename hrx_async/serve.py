@@ -1,0 +1,259 @@
+"""Serving: one runtime per ASGI worker process, opened by the app's lifespan.
+
+    service = RuntimeService(build_resources, backend="auto")
+    app = FastAPI(lifespan=service.lifespan)
+    service.add_routes(app)                     # /healthz, /stats, /metrics
+
+    @app.post("/infer")
+    async def infer(pools: Pools = Depends(service.get_resources)) -> ...:
+        async with pools.acquire() as slot:
+            await slot.submit(slot.resources.step)
+
+At startup the lifespan opens a `Runtime` and calls `setup(runtime)` (plain or
+`async`) to build the app's resources on it, such as slot pools. At shutdown
+it drains pending work, closes the runtime and keeps a `ShutdownReport`.
+`get_runtime` and `get_resources` take no arguments, so they are FastAPI
+dependencies as they stand. Health follows `Runtime.healthy`: after a sticky
+device error `/healthz` answers 503, so a supervisor restarts the worker.
+
+Nothing here imports FastAPI or Starlette until `add_routes` is called; both
+come with the `serve` extra.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from .errors import ContractError, DeviceLost, RuntimeClosed
+from .runtime import Runtime
+from .stats import FIELD_NAMES, Statistics
+
+T = TypeVar("T")
+
+logger = logging.getLogger("hrx_async.serve")
+
+HealthState = Literal["starting", "running", "device_lost", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Whether the worker can serve: `ok` only while the runtime runs and its device is sound."""
+
+    ok: bool
+    state: HealthState
+    backend: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "state": self.state, "backend": self.backend}
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownReport:
+    """What closing the runtime left behind: final counters and any runtime threads alive."""
+
+    statistics: Statistics
+    leftover_threads: tuple[str, ...] = field(default=())
+
+    @property
+    def drained(self) -> bool:
+        """Every submission finished and no runtime thread outlived the runtime."""
+        stats = self.statistics
+        return stats.submissions == stats.completions and not self.leftover_threads
+
+
+def runtime_threads() -> tuple[str, ...]:
+    """Names of live threads the runtime started (lane workers and the like)."""
+    return tuple(
+        sorted(t.name for t in threading.enumerate() if t.name.startswith("hrx-") and t.is_alive())
+    )
+
+
+class RuntimeService(Generic[T]):
+    """Owns an ASGI app's runtime: the lifespan opens and drains it, dependencies hand it out.
+
+    `setup(runtime)` builds the app's resources once the runtime is open (it may be
+    `async`); `runtime_options` go to `Runtime(...)`.
+    """
+
+    def __init__(
+        self,
+        setup: Callable[[Runtime], T | Awaitable[T]] | None = None,
+        *,
+        backend: str = "auto",
+        **runtime_options: Any,
+    ) -> None:
+        if setup is not None and not callable(setup):
+            raise ContractError(f"setup must be a callable (runtime) -> resources, got {setup!r}")
+        self._setup = setup
+        self._backend = backend
+        self._options = runtime_options
+        self._runtime: Runtime | None = None
+        self._resources: T | None = None
+        self._state: HealthState = "starting"
+        self.shutdown_report: ShutdownReport | None = None
+
+    # -- lifespan ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """The ASGI lifespan: `FastAPI(lifespan=service.lifespan)`, or enter it in your own."""
+        if self._state != "starting":
+            raise RuntimeClosed("this RuntimeService was already started; create one per app")
+        async with Runtime(self._backend, **self._options) as runtime:
+            self._runtime = runtime
+            try:
+                if self._setup is not None:
+                    made = self._setup(runtime)
+                    if inspect.isawaitable(made):
+                        made = await made
+                    self._resources = cast(T, made)
+                self._state = "running"
+                logger.info("hrx runtime open on backend %s", runtime.backend_name)
+                yield
+            finally:
+                self._state = "closed"
+                self._resources = None
+        self._runtime = None
+        report = ShutdownReport(runtime.statistics(), runtime_threads())
+        self.shutdown_report = report
+        stats = report.statistics
+        logger.info(
+            "hrx runtime closed: drained=%s submissions=%d completions=%d leftover_threads=%s",
+            report.drained,
+            stats.submissions,
+            stats.completions,
+            ",".join(report.leftover_threads) or "none",
+        )
+
+    # -- dependencies ------------------------------------------------------------------
+
+    def get_runtime(self) -> Runtime:
+        """The open runtime (a FastAPI dependency); `RuntimeClosed` outside the lifespan."""
+        runtime = self._runtime
+        if runtime is None or self._state != "running":
+            raise RuntimeClosed(f"the service's runtime is {self._state}, not running")
+        return runtime
+
+    def get_resources(self) -> T:
+        """What `setup` built (a FastAPI dependency); `RuntimeClosed` outside the lifespan."""
+        self.get_runtime()
+        if self._setup is None:
+            raise ContractError("this RuntimeService has no setup, so it has no resources")
+        return cast(T, self._resources)
+
+    # -- health and metrics ------------------------------------------------------------
+
+    def health(self) -> Health:
+        runtime = self._runtime
+        if runtime is None or self._state != "running":
+            return Health(False, self._state)
+        if not runtime.healthy:
+            return Health(False, "device_lost", runtime.backend_name)
+        return Health(True, "running", runtime.backend_name)
+
+    def statistics(self) -> Statistics:
+        return self.get_runtime().statistics()
+
+    def add_routes(
+        self,
+        app: Any,
+        *,
+        health: str | None = "/healthz",
+        stats: str | None = "/stats",
+        metrics: str | None = "/metrics",
+        unavailable_handlers: bool = True,
+    ) -> None:
+        """Add GET routes to a Starlette or FastAPI app (None leaves one out).
+
+        `health` answers 200 with `Health.to_dict()` while the runtime serves, 503 otherwise;
+        `stats` the runtime's counters as JSON; `metrics` the same in Prometheus text format.
+        With `unavailable_handlers`, a handler that raises `DeviceLost` or `RuntimeClosed`
+        answers 503 (the worker cannot serve; retry elsewhere) instead of 500.
+        """
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+        async def unavailable(request: Request, exc: Exception) -> Response:
+            return JSONResponse({"detail": f"{type(exc).__name__}: {exc}"}, status_code=503)
+
+        if unavailable_handlers:
+            app.add_exception_handler(DeviceLost, unavailable)
+            app.add_exception_handler(RuntimeClosed, unavailable)
+
+        async def health_endpoint(request: Request) -> Response:
+            state = self.health()
+            return JSONResponse(state.to_dict(), status_code=200 if state.ok else 503)
+
+        async def stats_endpoint(request: Request) -> Response:
+            if self._runtime is None:
+                return JSONResponse({"error": f"runtime is {self._state}"}, status_code=503)
+            return JSONResponse(self._runtime.statistics().to_dict())
+
+        async def metrics_endpoint(request: Request) -> Response:
+            if self._runtime is None:
+                return PlainTextResponse(f"# runtime is {self._state}\n", status_code=503)
+            text = prometheus_text(self._runtime.statistics(), healthy=self.health().ok)
+            return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
+
+        for path, endpoint in (
+            (health, health_endpoint),
+            (stats, stats_endpoint),
+            (metrics, metrics_endpoint),
+        ):
+            if path is not None:
+                app.add_route(path, endpoint, methods=["GET"])
+
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_HELP = {
+    "native_graphs_prepared": "Native device graphs built by prepare().",
+    "copy_streams_created": "Copy streams created.",
+    "allocations": "Buffers allocated.",
+    "imports": "Allocations imported into an NPU (shared placement).",
+    "submissions": "Graph submissions admitted.",
+    "completions": "Graph submissions finished (succeeded, failed or cancelled).",
+    "copied_bytes": "Bytes copied by graph copies on any lane.",
+    "uploaded_bytes": "Bytes copied host to device.",
+    "downloaded_bytes": "Bytes copied device to host.",
+    "device_copied_bytes": "Bytes copied device to device.",
+    "cache_maintenance_bytes": "Bytes flushed or invalidated for NPU cache coherence.",
+    "live_bytes": "Bytes allocated now.",
+    "peak_bytes": "Highest live_bytes seen.",
+}
+_GAUGES = frozenset({"live_bytes", "peak_bytes"})
+
+
+def prometheus_text(
+    statistics: Statistics, healthy: bool | None = None, prefix: str = "hrx_"
+) -> str:
+    """The counters in the Prometheus text exposition format (counters end in `_total`)."""
+    lines: list[str] = []
+    values = statistics.to_dict()
+    for name in FIELD_NAMES:
+        gauge = name in _GAUGES
+        metric = f"{prefix}{name}" if gauge else f"{prefix}{name}_total"
+        lines.append(f"# HELP {metric} {_HELP.get(name, name)}")
+        lines.append(f"# TYPE {metric} {'gauge' if gauge else 'counter'}")
+        lines.append(f"{metric} {values[name]}")
+    if healthy is not None:
+        lines.append(f"# HELP {prefix}healthy 1 while the runtime can run work, else 0.")
+        lines.append(f"# TYPE {prefix}healthy gauge")
+        lines.append(f"{prefix}healthy {int(healthy)}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "PROMETHEUS_CONTENT_TYPE",
+    "Health",
+    "RuntimeService",
+    "ShutdownReport",
+    "prometheus_text",
+    "runtime_threads",
+]
