@@ -107,8 +107,11 @@ class Completion:
 
     async def wait_done(self) -> None:
         """Wait until finished without raising the submission's error."""
+        if self.finished_at is not None:
+            await anyio.lowlevel.checkpoint()  # awaiting is always a checkpoint
+            return
         poll = self._poll
-        if poll is not None and self.finished_at is None:
+        if poll is not None:
             await poll()
         if self.finished_at is None:
             if self._event is None:

@@ -442,3 +442,32 @@ async def test_fences_poll_and_wait_from_other_threads(host_table: HostTable) ->
             s is not None and f is not None and s <= f
             for s, f in zip(starts, finishes, strict=True)
         )
+
+
+async def test_a_submit_await_loop_never_starves_the_event_loop(host_table: HostTable) -> None:
+    """Polling finishes fast fences from the awaiting task, yet every await yields."""
+
+    def finished_query(event: Any) -> bool:
+        host_table.event_synchronize(event)  # a device so fast that every query finds it done
+        return True
+
+    host_table.event_query = finished_query  # type: ignore[method-assign]
+    async with hrx.Runtime(backend="fake") as rt:
+        a = rt.allocate(64, hrx.GPU_LOCAL)
+        graph = rt.graph("fill")
+        graph.fill(a.view(), 1)
+        prepared = graph.prepare()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(200):
+                await prepared.submit()
+            tg.cancel_scope.cancel()
+        assert ticks >= 200

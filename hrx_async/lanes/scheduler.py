@@ -193,17 +193,20 @@ class Submission:
         finish = self.scheduler.fence_done
         while self.remaining:
             now = time.perf_counter()
-            due = False
-            for run in self.runs:
-                fence = run.fence
-                if fence is None or run.state >= DONE or now > run.poll_deadline:
-                    continue
-                due = True
-                if fence.query():
-                    finish(run)
-            if not due or not self.remaining:
+            due = [
+                run
+                for run in self.runs
+                if run.fence is not None and run.state < DONE and now <= run.poll_deadline
+            ]
+            if not due:
                 return
+            # Yield before every query: the device needs the time anyway, and a task that
+            # submits and awaits in a loop must never starve the event loop.
             await anyio.lowlevel.checkpoint()
+            for run in due:
+                fence = run.fence
+                if run.state < DONE and fence is not None and fence.query():
+                    finish(run)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -241,7 +244,11 @@ class LaneRunner:
         with anyio.CancelScope(shield=True):
             items = self.items
             issue = self.scheduler.issue
+            issued = 0
             while True:
+                issued += 1
+                if issued % 32 == 0:
+                    await anyio.lowlevel.checkpoint()  # a long queue must not starve the loop
                 if not items:
                     if self.closing:
                         return
