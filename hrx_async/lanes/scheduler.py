@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
 POLL_CAP_S = 0.001
 """The longest the loop polls one fence; longer waits are left to the backend's waiter."""
+POLL_MAX_IN_FLIGHT = 4
+"""Beyond this many submissions in flight, waits are long and the waiter's batches win."""
 POLL_CAP_S = 0.001
 """The longest the loop polls one fence; longer waits are left to the backend's waiter."""
 
@@ -191,22 +193,25 @@ class Submission:
         nothing is due within its poll window, the caller waits for the callbacks.
         """
         finish = self.scheduler.fence_done
+        yielded = False
         while self.remaining:
             now = time.perf_counter()
-            due = [
-                run
-                for run in self.runs
-                if run.fence is not None and run.state < DONE and now <= run.poll_deadline
-            ]
-            if not due:
-                return
-            # Yield before every query: the device needs the time anyway, and a task that
+            due = False
+            for run in self.runs:
+                fence = run.fence
+                if fence is None or run.state >= DONE or now > run.poll_deadline:
+                    continue
+                due = True
+                if fence.query():
+                    finish(run)
+            if not due or not self.remaining:
+                break
+            await anyio.lowlevel.checkpoint()
+            yielded = True
+        if not yielded and not self.remaining:
+            # Awaiting is a checkpoint even when the device was already done: a task that
             # submits and awaits in a loop must never starve the event loop.
             await anyio.lowlevel.checkpoint()
-            for run in due:
-                fence = run.fence
-                if run.state < DONE and fence is not None and fence.query():
-                    finish(run)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -447,6 +452,8 @@ class Scheduler:
             for event in waiters:
                 event.set()
         budget_us: float = getattr(run.provider, "poll_budget_us", 0.0)
+        if self.in_flight > POLL_MAX_IN_FLIGHT:
+            budget_us = 0.0
         if budget_us > 0:
             # Poll for the region's usual duration plus the backend's budget, within a cap.
             expected = run.estimates[run.plan.index]
