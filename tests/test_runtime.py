@@ -434,7 +434,7 @@ async def test_replay_allocates_nothing(hrx_backend: str) -> None:
         )
         tracemalloc.start()
         snapshot_before = tracemalloc.take_snapshot()
-        for _ in range(2000):
+        for _ in range(10_000):
             await prepared.submit()
         growth = sum(
             stat.size_diff
