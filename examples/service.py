@@ -4,20 +4,22 @@ POST /v1/transform takes a vector, either as JSON (`{"values": [...]}`) or as
 raw bytes (`Content-Type: application/octet-stream`, element type in the
 `X-Dtype` header: float32, float64 or int32), and returns
 `clip(2 * x + 1, 0, 6)` in the same form (binary answers are float32). The
-work is one prepared graph per slot:
+work is a prepared graph:
 
     upload (host staging -> GPU) -> GPU kernel 2x+1 -> NPU kernel clip(.., 0, 6)
     -> download (-> host staging)
 
 On the sim backend both kernels are numpy functions; on CUDA the GPU kernel is
-compiled from the C++ source below. Requests are padded to one of a few size
-classes, and each class has a pool of slots built on first use, so serving
-allocates nothing after warm-up. Bad input is refused with a 4xx before it
-reaches the runtime. `/healthz`, `/stats` and `/metrics` come from
+compiled from the C++ source below. Requests go to the smallest of a few size
+classes that fits them. Each class has a pool of slots (own buffers and graphs,
+built on first use, so serving allocates nothing after warm-up) and a batcher:
+requests that arrive while every slot is busy share the next submission, each
+at its own offset in the slot's staging. Bad input is refused with a 4xx before
+it reaches the runtime. `/healthz`, `/stats` and `/metrics` come from
 `RuntimeService.add_routes`.
 
 Run it:  python examples/service.py --port 8000 [--backend sim|cuda|hip|auto]
-or:      uvicorn --app-dir examples service:app   (HRX_BACKEND picks the backend)
+or:      uvicorn --app-dir examples service:app   (HRX_BACKEND, HRX_SLOTS, HRX_BATCH)
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handler's annotations,
@@ -38,7 +40,7 @@ from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
 from hrx_async.serve import RuntimeService
-from hrx_async.slots import SlotPool
+from hrx_async.slots import Batcher, Slot, SlotPool
 
 SCALE = 2.0
 SHIFT = 1.0
@@ -97,8 +99,14 @@ class PayloadError(Exception):
         self.detail = detail
 
 
-def parse_json(body: bytes) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """`{"values": [numbers], "dtype": "float32"}` (dtype optional) -> float32 vector."""
+Vector = np.ndarray[Any, np.dtype[Any]]
+"""A validated request vector: float32, float64 or int32, every value a finite float32."""
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def parse_json(body: bytes) -> Vector:
+    """`{"values": [numbers], "dtype": "float32"}` (dtype optional) -> a validated vector."""
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -114,11 +122,11 @@ def parse_json(body: bytes) -> np.ndarray[Any, np.dtype[np.float32]]:
         # bool is an int; a true/false in a vector of numbers is a client bug.
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise PayloadError(422, f"values[{index}] must be a number, got {value!r}")
-    return _to_float32(np.asarray(values, dtype=np.float64))
+    return _check_values(np.asarray(values, dtype=np.float64))
 
 
-def parse_binary(body: bytes, dtype_name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """Raw little-endian elements of `dtype_name` -> float32 vector."""
+def parse_binary(body: bytes, dtype_name: str) -> Vector:
+    """Raw little-endian elements of `dtype_name` -> a validated vector over `body` (no copy)."""
     dtype = DTYPES.get(dtype_name)
     if dtype is None:
         raise PayloadError(422, f"X-Dtype must be one of {', '.join(DTYPES)}, got {dtype_name!r}")
@@ -127,7 +135,7 @@ def parse_binary(body: bytes, dtype_name: str) -> np.ndarray[Any, np.dtype[np.fl
             422, f"body has {len(body)} bytes, not a whole number of {dtype_name} elements"
         )
     _check_count(len(body) // dtype.itemsize)
-    return _to_float32(np.frombuffer(body, dtype=dtype.newbyteorder("<")))
+    return _check_values(np.frombuffer(body, dtype=dtype.newbyteorder("<")))
 
 
 def _check_count(count: int) -> None:
@@ -137,18 +145,21 @@ def _check_count(count: int) -> None:
         raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
 
 
-def _to_float32(values: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
-    with np.errstate(over="ignore", invalid="ignore"):
-        converted = values.astype(np.float32)
-    if not np.isfinite(converted).all():
-        bad = int(np.flatnonzero(~np.isfinite(converted))[0])
+def _check_values(values: Vector) -> Vector:
+    """Every value must be finite as a float32 (checked without converting the vector)."""
+    if values.dtype.kind != "f":
+        return values  # int32 always fits
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(values) <= _FLOAT32_MAX)  # NaN compares false: caught too
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
         raise PayloadError(
-            422, f"values[{bad}] = {values[bad].item()!r} is not a finite float32 number"
+            422, f"values[{index}] = {values[index].item()!r} is not a finite float32 number"
         )
-    return converted
+    return values
 
 
-async def read_payload(request: Request) -> tuple[np.ndarray[Any, np.dtype[np.float32]], bool]:
+async def read_payload(request: Request) -> tuple[Vector, bool]:
     """The request's vector and whether it came as binary; `PayloadError` when refused."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in ("application/json", "application/octet-stream"):
@@ -175,24 +186,16 @@ async def read_payload(request: Request) -> tuple[np.ndarray[Any, np.dtype[np.fl
 
 
 @dataclass
-class Pipeline:
-    """One slot's resources: host staging in and out, and the prepared graph between them."""
+class Kernels:
+    """The two kernels for `count` values (the GPU kernel's size is compiled in)."""
 
-    size: int
-    staging_in: hrx.Buffer
-    staging_out: hrx.Buffer
-    step: hrx.PreparedGraph
-
-
-@dataclass
-class SizeClass:
-    size: int
-    gpu_kernel: hrx.GpuKernel
-    npu_kernel: hrx.NpuKernel
+    count: int
+    gpu: hrx.GpuKernel
+    npu: hrx.NpuKernel
 
 
-def load_kernels(rt: hrx.Runtime, size: int) -> SizeClass:
-    nbytes = size * 4
+def load_kernels(rt: hrx.Runtime, count: int) -> Kernels:
+    nbytes = count * 4
     contract = hrx.KernelContract(
         [hrx.Binding(nbytes, hrx.Access.READ), hrx.Binding(nbytes, hrx.Access.WRITE)]
     )
@@ -200,72 +203,123 @@ def load_kernels(rt: hrx.Runtime, size: int) -> SizeClass:
     gpu_kernel = rt.load_gpu_kernel(
         hrx.KernelSource(cxx=SCALE_SHIFT_CXX, host=scale_shift_host),
         "scale_shift",
-        grid=(math.ceil(size / block), 1, 1),
+        grid=(math.ceil(count / block), 1, 1),
         block=(block, 1, 1),
         contract=contract,
-        defines={"N": size, "SCALE": f"{SCALE}f", "SHIFT": f"{SHIFT}f"},
+        defines={"N": count, "SCALE": f"{SCALE}f", "SHIFT": f"{SHIFT}f"},
     )
     npu_kernel = rt.npu(0).load_artifact(hrx.KernelSource(host=clip_host), "clip", 1, contract)
-    return SizeClass(size, gpu_kernel, npu_kernel)
+    return Kernels(count, gpu_kernel, npu_kernel)
 
 
-def build_pipeline(rt: hrx.Runtime, kernels: SizeClass) -> Pipeline:
-    nbytes = kernels.size * 4
+@dataclass
+class SizeClass:
+    """Requests of up to `size` values, run `capacity` at a time at most."""
+
+    size: int
+    capacity: int
+    kernels: dict[int, Kernels]
+    """Per batch length k (1, 2, 4, ... capacity): kernels over k * size values."""
+
+
+@dataclass
+class Pipeline:
+    """One slot's resources: host staging in and out, and per batch length k a prepared
+    graph over the first k requests' values."""
+
+    size: int
+    staging_in: hrx.Buffer
+    staging_out: hrx.Buffer
+    steps: dict[int, hrx.PreparedGraph]
+
+    def step_for(self, requests: int) -> hrx.PreparedGraph:
+        return self.steps[min(k for k in self.steps if k >= requests)]
+
+
+def build_pipeline(rt: hrx.Runtime, size_class: SizeClass) -> Pipeline:
+    """upload -> GPU kernel -> NPU kernel -> download, once per batch length."""
+    nbytes = size_class.size * size_class.capacity * 4
     staging_in = rt.allocate(nbytes, hrx.HOST_VISIBLE, "staging-in")
     x = rt.allocate(nbytes, hrx.GPU_LOCAL, "x")
     y = rt.allocate(nbytes, hrx.shared(0), "y")
     z = rt.allocate(nbytes, hrx.shared(0), "z")
     staging_out = rt.allocate(nbytes, hrx.HOST_VISIBLE, "staging-out")
-    g = rt.graph(f"transform-{kernels.size}")
-    g.copy(x.view(), staging_in.view())
-    g.gpu(kernels.gpu_kernel, [x.view(), y.view()])
-    g.npu(kernels.npu_kernel, [y.view(), z.view()])
-    g.copy(staging_out.view(), z.view())
-    return Pipeline(kernels.size, staging_in, staging_out, g.prepare())
+    steps: dict[int, hrx.PreparedGraph] = {}
+    for k, kernels in size_class.kernels.items():
+        used = k * size_class.size * 4
+        g = rt.graph(f"transform-{size_class.size}x{k}")
+        g.copy(x.view(0, used), staging_in.view(0, used))
+        g.gpu(kernels.gpu, [x.view(0, used), y.view(0, used)])
+        g.npu(kernels.npu, [y.view(0, used), z.view(0, used)])
+        g.copy(staging_out.view(0, used), z.view(0, used))
+        steps[k] = g.prepare()
+    return Pipeline(size_class.size, staging_in, staging_out, steps)
 
 
-def pipeline_builder(kernels: SizeClass) -> Callable[[hrx.Runtime, int], Pipeline]:
-    """A slot pool's `build`: every slot of a size class gets its own pipeline."""
-    return lambda rt, _index: build_pipeline(rt, kernels)
+async def run_batch(slot: Slot[Pipeline], requests: list[Vector]) -> list[bytes]:
+    """One submission for a batch: each request's values at its own offset in staging."""
+    pipeline = slot.resources
+    size = pipeline.size
+    # The slot is idle when handed out, so nothing is pending on its staging and the
+    # non-waiting maps cannot fail. Converting straight into staging is one pass.
+    with pipeline.staging_in.map_write_nowait() as memory:
+        staging = np.frombuffer(memory, np.float32)
+        for index, values in enumerate(requests):
+            start = index * size
+            np.copyto(staging[start : start + values.size], values, casting="unsafe")
+    await slot.submit(pipeline.step_for(len(requests)))
+    with pipeline.staging_out.map_read_nowait() as memory:
+        return [
+            bytes(memory[index * size * 4 : (index * size + values.size) * 4])
+            for index, values in enumerate(requests)
+        ]
+
+
+MAX_BATCH_VALUES = 65536
+"""A batch holds at most this many values, so the largest requests run one at a time."""
 
 
 class Transformer:
-    """The app's resources: one slot pool per size class."""
+    """The app's resources: per size class a slot pool and a batcher in front of it."""
 
-    def __init__(self, rt: hrx.Runtime, slots: int, sizes: Sequence[int] = SIZE_CLASSES) -> None:
-        self.pools: list[tuple[int, SlotPool[Pipeline]]] = []
+    def __init__(
+        self, rt: hrx.Runtime, slots: int, batch: int, sizes: Sequence[int] = SIZE_CLASSES
+    ) -> None:
+        self.batchers: list[tuple[int, Batcher[Pipeline, Vector, bytes]]] = []
         for size in sorted(sizes):
-            kernels = load_kernels(rt, size)
-            pool = SlotPool(rt, slots, pipeline_builder(kernels), f"n{size}")
-            self.pools.append((size, pool))
+            capacity = max(1, min(batch, MAX_BATCH_VALUES // size))
+            lengths = [1 << i for i in range(capacity.bit_length()) if 1 << i < capacity]
+            kernels = {k: load_kernels(rt, k * size) for k in [*lengths, capacity]}
+            size_class = SizeClass(size, capacity, kernels)
+            pool = SlotPool(rt, slots, pipeline_builder(size_class), f"n{size}")
+            self.batchers.append((size, Batcher(pool, capacity, run_batch)))
 
-    def pool_for(self, count: int) -> SlotPool[Pipeline]:
-        for size, pool in self.pools:
+    def batcher_for(self, count: int) -> Batcher[Pipeline, Vector, bytes]:
+        for size, batcher in self.batchers:
             if count <= size:
-                return pool
+                return batcher
         raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
 
-    async def run(
-        self, values: np.ndarray[Any, np.dtype[np.float32]]
-    ) -> np.ndarray[Any, np.dtype[np.float32]]:
-        count = values.size
-        async with self.pool_for(count).acquire() as slot:
-            pipeline = slot.resources
-            # The slot is idle when handed out, so nothing is pending on its staging.
-            with pipeline.staging_in.map_write_nowait() as memory:
-                np.frombuffer(memory, np.float32, count)[:] = values
-            await slot.submit(pipeline.step)
-            with pipeline.staging_out.view(0, count * 4).map_read_nowait() as memory:
-                return np.frombuffer(memory, np.float32).copy()
+    async def run(self, values: Vector) -> bytes:
+        """The transform of `values` as float32 bytes."""
+        return await self.batcher_for(values.size).submit(values)
+
+
+def pipeline_builder(size_class: SizeClass) -> Callable[[hrx.Runtime, int], Pipeline]:
+    """A slot pool's `build`: every slot of a size class gets its own pipeline."""
+    return lambda rt, _index: build_pipeline(rt, size_class)
 
 
 # -- the app ------------------------------------------------------------------------------
 
 
-def create_app(backend: str = "auto", slots: int = 8) -> FastAPI:
-    """The service as a FastAPI app with its own runtime (opened by the app's lifespan)."""
+def create_app(backend: str = "auto", slots: int = 4, batch: int = 16) -> FastAPI:
+    """The service as a FastAPI app with its own runtime (opened by the app's lifespan).
+
+    `slots` per size class; `batch` requests at most per submission (1: no batching).
+    """
     service: RuntimeService[Transformer] = RuntimeService(
-        lambda rt: Transformer(rt, slots), backend=backend
+        lambda rt: Transformer(rt, slots, batch), backend=backend
     )
     app = FastAPI(title="hrx_async transform service", lifespan=service.lifespan)
     app.state.service = service
@@ -273,7 +327,7 @@ def create_app(backend: str = "auto", slots: int = 8) -> FastAPI:
 
     @app.post("/v1/transform")
     async def transform(
-        request: Request, transformer: Annotated[Transformer, Depends(service.get_resources)]
+        request: Request, transformer: Annotated[Transformer, Depends(service.resources_dependency)]
     ) -> Response:
         try:
             values, binary = await read_payload(request)
@@ -282,16 +336,18 @@ def create_app(backend: str = "auto", slots: int = 8) -> FastAPI:
             raise HTTPException(exc.status, exc.detail) from None
         if binary:
             return Response(
-                result.tobytes(),
-                media_type="application/octet-stream",
-                headers={"X-Dtype": "float32"},
+                result, media_type="application/octet-stream", headers={"X-Dtype": "float32"}
             )
-        return JSONResponse({"values": result.tolist()})
+        return JSONResponse({"values": np.frombuffer(result, np.float32).tolist()})
 
     return app
 
 
-app = create_app(os.environ.get("HRX_BACKEND", "auto"), int(os.environ.get("HRX_SLOTS", "8")))
+app = create_app(
+    os.environ.get("HRX_BACKEND", "auto"),
+    int(os.environ.get("HRX_SLOTS", "4")),
+    int(os.environ.get("HRX_BATCH", "16")),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -301,10 +357,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--backend", default="auto", help="auto, sim, cuda or hip")
-    parser.add_argument("--slots", type=int, default=8, help="slots per size class")
+    parser.add_argument("--slots", type=int, default=4, help="slots per size class")
+    parser.add_argument("--batch", type=int, default=16, help="requests per submission at most")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(args.backend, args.slots), host=args.host, port=args.port)
+    app = create_app(args.backend, args.slots, args.batch)
+    uvicorn.run(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,17 @@
     service.add_routes(app)                     # /healthz, /stats, /metrics
 
     @app.post("/infer")
-    async def infer(pools: Pools = Depends(service.get_resources)) -> ...:
+    async def infer(pools: Annotated[Pools, Depends(service.resources_dependency)]) -> ...:
         async with pools.acquire() as slot:
             await slot.submit(slot.resources.step)
 
 At startup the lifespan opens a `Runtime` and calls `setup(runtime)` (plain or
 `async`) to build the app's resources on it, such as slot pools. At shutdown
 it drains pending work, closes the runtime and keeps a `ShutdownReport`.
-`get_runtime` and `get_resources` take no arguments, so they are FastAPI
-dependencies as they stand. Health follows `Runtime.healthy`: after a sticky
-device error `/healthz` answers 503, so a supervisor restarts the worker.
+`runtime_dependency` and `resources_dependency` take no arguments, so they are
+FastAPI dependencies as they stand (and `async`, so no thread hop per request).
+Health follows `Runtime.healthy`: after a sticky device error `/healthz`
+answers 503, so a supervisor restarts the worker.
 
 Nothing here imports FastAPI or Starlette until `add_routes` is called; both
 come with the `serve` extra.
@@ -133,19 +134,32 @@ class RuntimeService(Generic[T]):
 
     # -- dependencies ------------------------------------------------------------------
 
-    def get_runtime(self) -> Runtime:
-        """The open runtime (a FastAPI dependency); `RuntimeClosed` outside the lifespan."""
+    @property
+    def runtime(self) -> Runtime:
+        """The open runtime; `RuntimeClosed` outside the lifespan."""
         runtime = self._runtime
         if runtime is None or self._state != "running":
             raise RuntimeClosed(f"the service's runtime is {self._state}, not running")
         return runtime
 
-    def get_resources(self) -> T:
-        """What `setup` built (a FastAPI dependency); `RuntimeClosed` outside the lifespan."""
-        self.get_runtime()
+    @property
+    def resources(self) -> T:
+        """What `setup` built; `RuntimeClosed` outside the lifespan."""
+        self.runtime  # noqa: B018 (raises when not running)
         if self._setup is None:
             raise ContractError("this RuntimeService has no setup, so it has no resources")
         return cast(T, self._resources)
+
+    # FastAPI runs plain-function dependencies in its thread pool, a thread hop per request;
+    # `async def` ones run on the loop.
+
+    async def runtime_dependency(self) -> Runtime:
+        """`Depends(service.runtime_dependency)`: the runtime, for a request handler."""
+        return self.runtime
+
+    async def resources_dependency(self) -> T:
+        """`Depends(service.resources_dependency)`: what `setup` built, for a request handler."""
+        return self.resources
 
     # -- health and metrics ------------------------------------------------------------
 
@@ -158,7 +172,7 @@ class RuntimeService(Generic[T]):
         return Health(True, "running", runtime.backend_name)
 
     def statistics(self) -> Statistics:
-        return self.get_runtime().statistics()
+        return self.runtime.statistics()
 
     def add_routes(
         self,

@@ -25,12 +25,16 @@ Guarantees:
   returns it.
 * Waiters are served first come, first served; `acquire_nowait()` never jumps
   the queue and raises `Busy` instead of waiting.
+
+A `Batcher` in front of a pool gathers requests that arrive while every slot is
+busy into one submission, so the per-submission cost is paid once per batch
+under load and a lone request still goes straight through.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 T = TypeVar("T")
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 class _SlotState(Generic[T]):
@@ -315,6 +321,90 @@ class SlotPool(Generic[T]):
         )
 
 
+class _Batch(Generic[In, Out]):
+    __slots__ = ("done", "error", "items", "results")
+
+    def __init__(self) -> None:
+        self.items: list[In] = []
+        self.done = anyio.Event()
+        self.results: Sequence[Out] = ()
+        self.error: BaseException | None = None
+
+
+class Batcher(Generic[T, In, Out]):
+    """Gathers concurrent requests into batches that run on one slot of `pool`.
+
+    `await batcher.submit(item)` joins the open batch, or opens one. The task that
+    opened it (the leader) waits for a slot, closes the batch (at most `capacity`
+    items; later arrivals open the next one) and calls `run(slot, items)`, which
+    must return one result per item, in order. Every member gets its result, or the
+    exception `run` raised. With a slot free at once, a request runs alone.
+
+    The leader's wait for a slot and its run are shielded from cancellation: other
+    requests depend on them. A member cancelled while waiting only stops waiting; its
+    item is still computed. For the event loop thread only.
+    """
+
+    def __init__(
+        self,
+        pool: SlotPool[T],
+        capacity: int,
+        run: Callable[[Slot[T], list[In]], Awaitable[Sequence[Out]]],
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ContractError(f"a batch capacity must be an integer >= 1, got {capacity!r}")
+        if not callable(run):
+            raise ContractError(f"run must be an async callable (slot, items), got {run!r}")
+        self.pool = pool
+        self.capacity = capacity
+        self._run = run
+        self._open: _Batch[In, Out] | None = None
+        self.batches = 0
+        """Batches run so far."""
+        self.items = 0
+        """Items run so far (items / batches is the mean batch size)."""
+
+    async def submit(self, item: In) -> Out:
+        batch = self._open
+        leader = batch is None
+        if batch is None:
+            batch = self._open = _Batch()
+        index = len(batch.items)
+        batch.items.append(item)
+        if len(batch.items) >= self.capacity:
+            self._open = None
+        if not leader:
+            await batch.done.wait()
+        else:
+            with anyio.CancelScope(shield=True):
+                await self._lead(batch)
+        if batch.error is not None:
+            raise batch.error
+        return batch.results[index]
+
+    async def _lead(self, batch: _Batch[In, Out]) -> None:
+        try:
+            async with self.pool.acquire() as slot:
+                if self._open is batch:
+                    self._open = None  # closed: later arrivals start the next batch
+                items = batch.items
+                results = await self._run(slot, items)
+                if len(results) != len(items):
+                    raise ContractError(
+                        f"a batch run returned {len(results)} results for {len(items)} items"
+                    )
+                batch.results = results
+                self.batches += 1
+                self.items += len(items)
+        except BaseException as exc:
+            batch.error = exc
+            raise
+        finally:
+            if self._open is batch:
+                self._open = None
+            batch.done.set()
+
+
 async def _checkpoint_or_return(pool: SlotPool[T], state: _SlotState[T]) -> None:
     """Make `acquire()` a cancel point even when a slot is free, without losing the slot."""
     try:
@@ -324,4 +414,4 @@ async def _checkpoint_or_return(pool: SlotPool[T], state: _SlotState[T]) -> None
         raise
 
 
-__all__ = ["Slot", "SlotPool"]
+__all__ = ["Batcher", "Slot", "SlotPool"]

@@ -56,10 +56,12 @@ def load_example() -> ModuleType:
 
 
 @asynccontextmanager
-async def serving(slots: int = 4) -> AsyncIterator[tuple[Any, Any, RuntimeService[Any]]]:
+async def serving(
+    slots: int = 4, batch: int = 16
+) -> AsyncIterator[tuple[Any, Any, RuntimeService[Any]]]:
     """The example app with its lifespan running, and an httpx client on it."""
     example = load_example()
-    app = example.create_app("sim", slots)
+    app = example.create_app("sim", slots, batch)
     service: RuntimeService[Any] = app.state.service
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -75,15 +77,19 @@ def binary_request(values: np.ndarray[Any, Any]) -> dict[str, Any]:
     }
 
 
-async def test_concurrent_requests_get_correct_results(anyio_backend: str) -> None:
+@pytest.mark.parametrize(("slots", "batch"), [(3, 1), (1, 16)])
+async def test_concurrent_requests_get_correct_results(
+    anyio_backend: str, slots: int, batch: int
+) -> None:
     rng = np.random.default_rng(7)
     sizes = [1, 3, 1023, 1024, 1025, 4000, 16384, 16385, 70000, *rng.integers(1, 3000, 40)]
-    async with serving(slots=3) as (example, client, service):
+    dtypes = [np.float32, np.float64, np.int32]
+    async with serving(slots, batch) as (example, client, service):
         results: dict[int, tuple[np.ndarray[Any, Any], bytes | list[float]]] = {}
 
         async def one(index: int, size: int) -> None:
-            values = rng.normal(0, 3, int(size)).astype(np.float32)
-            if index % 3 == 0:
+            values = rng.normal(0, 3, int(size)).astype(dtypes[index % 3])
+            if index % 4 == 0:
                 response = await client.post("/v1/transform", json={"values": values.tolist()})
                 assert response.status_code == 200, response.text
                 results[index] = (values, response.json()["values"])
@@ -105,10 +111,17 @@ async def test_concurrent_requests_get_correct_results(anyio_backend: str) -> No
                 else np.asarray(answer, np.float32)
             )
             np.testing.assert_array_equal(got, expected)
+        batchers = [b for _, b in service.resources.batchers]
         stats = service.statistics()
-        assert stats.submissions == stats.completions == len(sizes)
-        # 3 slots per size class at most, 5 buffers each, however many requests.
-        assert stats.allocations <= 3 * 3 * 5
+        assert sum(b.items for b in batchers) == len(sizes)
+        assert stats.submissions == stats.completions == sum(b.batches for b in batchers)
+        if batch == 1:
+            assert stats.submissions == len(sizes)
+        else:
+            # One slot per class: requests that came while it was busy shared submissions.
+            assert stats.submissions < len(sizes)
+        # Per size class `slots` slots of 5 buffers, however many requests.
+        assert stats.allocations <= slots * 3 * 5
 
 
 BAD_PAYLOADS: list[tuple[str, dict[str, Any], int]] = [
@@ -203,7 +216,7 @@ async def test_device_lost_fails_health_and_requests(anyio_backend: str) -> None
             "state": "running",
             "backend": "sim",
         }
-        rt = service.get_runtime()
+        rt = service.runtime
 
         def sticky_failure(arrays: list[Any], constants: bytes) -> None:
             raise hrx.DeviceLost("forced: the device fell off the bus")
@@ -233,10 +246,10 @@ async def test_device_lost_fails_health_and_requests(anyio_backend: str) -> None
 async def test_lifespan_drains_and_closes(anyio_backend: str) -> None:
     async with serving() as (_, client, service):
         assert (await client.post("/v1/transform", json={"values": [1.0]})).status_code == 200
-        runtime = service.get_runtime()
+        runtime = service.runtime
     assert service.health().state == "closed" and not service.health().ok
     with pytest.raises(hrx.RuntimeClosed):
-        service.get_runtime()
+        _ = service.runtime
     with pytest.raises(hrx.RuntimeClosed):
         runtime.graph()
     report = service.shutdown_report
@@ -252,10 +265,10 @@ async def test_service_with_async_setup_and_dependencies(anyio_backend: str) -> 
     service = RuntimeService(setup, backend="sim")
     assert service.health().state == "starting"
     with pytest.raises(hrx.RuntimeClosed, match="starting"):
-        service.get_resources()
+        _ = service.resources
     async with service.lifespan():
-        assert service.get_resources()["scratch"].nbytes == 16
-        assert service.get_runtime().statistics().allocations == 1
+        assert service.resources["scratch"].nbytes == 16
+        assert service.runtime.statistics().allocations == 1
         assert service.health().ok
     with pytest.raises(hrx.RuntimeClosed):
         async with service.lifespan():
@@ -263,7 +276,8 @@ async def test_service_with_async_setup_and_dependencies(anyio_backend: str) -> 
     bare = RuntimeService(backend="sim")
     async with bare.lifespan():
         with pytest.raises(hrx.ContractError, match="no setup"):
-            bare.get_resources()
+            _ = bare.resources
+        assert await bare.runtime_dependency() is bare.runtime
 
 
 def test_prometheus_text_lists_every_counter() -> None:
@@ -329,8 +343,12 @@ def test_real_server_serves_a_concurrent_burst_and_stops_cleanly() -> None:
     assert code == 0, log
     closed = [line for line in lines if "hrx runtime closed" in line]
     assert closed, log
-    # 96 transforms were served; the lifespan drained them and no runtime thread outlived it.
-    assert "drained=True submissions=96 completions=96 leftover_threads=none" in closed[0], log
+    # The lifespan drained every submission and no runtime thread outlived the runtime.
+    match = re.search(
+        r"drained=True submissions=(\d+) completions=(\d+) leftover_threads=none", closed[0]
+    )
+    assert match is not None, log
+    assert match.group(1) == match.group(2) and 0 < int(match.group(1)) <= 96
 
 
 async def burst(base: str) -> None:
@@ -359,7 +377,8 @@ async def burst(base: str) -> None:
         assert bad.status_code == 422
         stats = (await client.get("/stats")).json()
     assert not failures, failures
-    assert stats["submissions"] == stats["completions"] == 96
+    # Batched: at most one submission per request.
+    assert 0 < stats["submissions"] == stats["completions"] <= 96
     assert json.dumps(stats)  # plain JSON numbers
 
 

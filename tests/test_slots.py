@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-from hrx_async.slots import Slot, SlotPool
+from hrx_async.slots import Batcher, Slot, SlotPool
 
 pytestmark = pytest.mark.anyio
 
@@ -429,3 +429,129 @@ async def test_every_cancellation_interleaving_keeps_the_pool_sound(
     async with hrx.Runtime(backend="sim") as rt:
         runs = await explore(rt, clients, size)
     assert runs > clients * 10  # the exploration really branched
+
+
+# -- the batcher ----------------------------------------------------------------------------
+
+
+class Doubler:
+    """A batch run over a real runtime: each slot has one buffer of `capacity` int64s; the
+    batch's items are written, doubled by a host step, and read back."""
+
+    def __init__(self, rt: hrx.Runtime, slots: int, capacity: int) -> None:
+        self.gate = anyio.Event()
+        self.gate.set()
+        self.batches: list[list[int]] = []
+
+        def build(rt: hrx.Runtime, index: int) -> tuple[hrx.Buffer, hrx.PreparedGraph]:
+            buffer = rt.allocate(8 * capacity, hrx.HOST_VISIBLE, f"batch{index}")
+
+            async def double(array: np.ndarray[Any, Any]) -> None:
+                await self.gate.wait()
+                array.view(np.int64)[:] *= 2
+
+            graph = rt.graph(f"double{index}")
+            graph.host(double, [(buffer.view(), hrx.Access.READ_WRITE)])
+            return buffer, graph.prepare()
+
+        self.pool = SlotPool(rt, slots, build)
+        self.batcher = Batcher(self.pool, capacity, self.run)
+
+    async def run(
+        self, slot: Slot[tuple[hrx.Buffer, hrx.PreparedGraph]], items: list[int]
+    ) -> list[int]:
+        self.batches.append(list(items))
+        buffer, step = slot.resources
+        with buffer.map_write_nowait() as memory:
+            np.frombuffer(memory, np.int64)[: len(items)] = items
+        await slot.submit(step)
+        with buffer.map_read_nowait() as memory:
+            return [int(v) for v in np.frombuffer(memory, np.int64)[: len(items)]]
+
+
+async def test_batcher_runs_a_lone_request_at_once_and_gathers_under_load(
+    anyio_backend: str,
+) -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        doubler = Doubler(rt, slots=1, capacity=4)
+        assert await doubler.batcher.submit(21) == 42
+        assert doubler.batches == [[21]]
+        doubler.gate = anyio.Event()  # hold the next batch on the device
+        results: dict[int, int] = {}
+
+        async def client(value: int) -> None:
+            results[value] = await doubler.batcher.submit(value)
+
+        async with anyio.create_task_group() as tg:
+            for value in range(10):
+                tg.start_soon(client, value)
+                await settle()
+            doubler.gate.set()
+        assert results == {value: 2 * value for value in range(10)}
+        # The first ran alone (the slot was free); the rest queued behind it in batches of
+        # at most 4, in arrival order.
+        assert doubler.batches[1:] == [[0], [1, 2, 3, 4], [5, 6, 7, 8], [9]]
+        assert doubler.batcher.batches == 5 and doubler.batcher.items == 11
+        assert doubler.pool.idle
+
+
+async def test_batcher_shares_a_failure_and_survives_cancelled_members(
+    anyio_backend: str,
+) -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        doubler = Doubler(rt, slots=1, capacity=8)
+        doubler.gate = anyio.Event()
+        outcomes: dict[int, object] = {}
+        scopes: dict[int, anyio.CancelScope] = {}
+
+        async def client(value: int) -> None:
+            with anyio.CancelScope() as scope:
+                scopes[value] = scope
+                try:
+                    outcomes[value] = await doubler.batcher.submit(value)
+                except ValueError as exc:
+                    outcomes[value] = exc
+            if scope.cancelled_caught:
+                outcomes[value] = "cancelled"
+
+        original = doubler.run
+
+        async def run(slot: Any, items: list[int]) -> list[int]:
+            if 13 in items:
+                raise ValueError("thirteen is unlucky")
+            return await original(slot, items)
+
+        doubler.batcher._run = run
+        async with anyio.create_task_group() as tg:
+            for value in (1, 2, 3, 13, 5):
+                tg.start_soon(client, value)
+                await settle()
+            # 1 leads a batch of its own on the busy device; 2 leads the next batch and 3,
+            # 13 and 5 join it. Cancel the leader 2 and the member 3.
+            scopes[2].cancel()
+            scopes[3].cancel()
+            await settle()
+            doubler.gate.set()
+        assert outcomes[1] == 2
+        assert outcomes[3] == "cancelled"
+        # The shielded leader ran the batch for the others; its failure reached each member.
+        assert isinstance(outcomes[5], ValueError) and isinstance(outcomes[13], ValueError)
+        assert outcomes[2] == "cancelled" or isinstance(outcomes[2], ValueError)
+        assert doubler.pool.idle and doubler.pool.available == 1
+
+
+async def test_batcher_checks_its_arguments_and_results(anyio_backend: str) -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        pool = SlotPool(rt, 1, lambda rt, i: i)
+
+        async def short(slot: Slot[int], items: list[int]) -> list[int]:
+            return items[:-1]
+
+        with pytest.raises(hrx.ContractError, match="capacity"):
+            Batcher(pool, 0, short)
+        with pytest.raises(hrx.ContractError, match="run must be"):
+            Batcher(pool, 2, "not callable")  # type: ignore[arg-type]
+        batcher = Batcher(pool, 2, short)
+        with pytest.raises(hrx.ContractError, match="1 items"):
+            await batcher.submit(7)
+        assert pool.idle and batcher.batches == 0
