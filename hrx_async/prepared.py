@@ -18,7 +18,7 @@ class PreparedGraph:
     Replay does O(regions) Python work and allocates no native memory.
     """
 
-    __slots__ = ("estimates", "plan", "programs", "providers", "runtime")
+    __slots__ = ("buffers", "estimates", "plan", "programs", "providers", "runtime")
 
     def __init__(
         self,
@@ -31,6 +31,7 @@ class PreparedGraph:
         self.plan = plan
         self.programs = programs
         self.providers = providers
+        self.buffers = plan.buffers
         self.estimates = [0.0] * len(programs)
         """Smoothed observed duration of each region, seconds: how long to poll its fence."""
 

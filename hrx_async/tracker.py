@@ -170,6 +170,12 @@ class AccessTracker(Generic[U]):
 
         starts = alloc.starts
         rest = alloc.rest
+        if not starts:
+            # Nothing pending on this allocation (the common case once earlier work is
+            # forgotten): the access is the only segment and depends on nobody.
+            starts.append(start)
+            rest.append((end, user, _NO_READERS) if writes else (end, None, frozenset((user,))))
+            return set()
         i = bisect_right(starts, start) - 1
         if i < 0 or rest[i][0] <= start:
             i += 1

@@ -313,7 +313,7 @@ class Scheduler:
                 "use anyio.from_thread.run_sync(prepared.submit) or BlockingRuntime"
             )
         plan = prepared.plan
-        for buffer in plan.buffers:
+        for buffer in prepared.buffers:
             buffer.check_alive()
         overwrites = plan.overwrites
         for interval in plan.reads:
