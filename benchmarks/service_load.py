@@ -1,16 +1,18 @@
 """Load test: the example service against the same service doing the numpy work directly.
 
-Two servers run side by side, each in its own process with uvicorn:
+Three servers run side by side, each in its own process with uvicorn:
 
-* runtime: `examples/service.py` as it is: each request goes through a slot of the
-  prepared upload -> GPU kernel -> NPU kernel -> download graph.
-* direct:  the same FastAPI app, validation and kernel functions, but the handler calls
+* runtime:   `examples/service.py` as it is: requests go through slots of the prepared
+  upload -> GPU kernel -> NPU kernel -> download graph, batched while slots are busy.
+* unbatched: the same with `batch=1`: one submission per request.
+* direct:    the same FastAPI app, validation and kernel functions, but the handler calls
   the numpy work itself through `run_in_threadpool` (no runtime).
 
 A separate load process keeps `--clients` HTTP/1.1 keep-alive connections busy for
-`--seconds` against one server at a time; the servers' loop lag (`LoopLag`, 1 ms ticks)
-is recorded during each phase. Phases alternate A/B, B/A, ... and each pair reports the
-throughput ratio runtime/direct.
+`--seconds` against one server at a time, first back to back (saturating), then paced at
+half the lower throughput; each server records its event-loop lag (`LoopLag`, 1 ms ticks)
+during each phase. Rounds run the variants in order, then reversed, and so on; each round
+reports the throughput ratios against direct.
 
     python benchmarks/service_load.py --backend sim
     python benchmarks/service_load.py --backend cuda --sizes 4096 65536 --pairs 5
@@ -42,7 +44,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "service.py"
-VARIANTS = ("runtime", "direct")
+VARIANTS = ("runtime", "unbatched", "direct")
+"""The example service (batching), the same with one request per submission, the baseline."""
+RUNTIME_VARIANTS = VARIANTS[:2]
 
 
 def load_example() -> ModuleType:
@@ -149,11 +153,14 @@ def add_lag_meter(app: Any) -> None:
     app.add_route("/lag/stop", stop, methods=["POST"])
 
 
-def serve(variant: str, backend: str, slots: int) -> None:
+def serve(variant: str, backend: str, slots: int, batch: int) -> None:
     import uvicorn
 
     example = load_example()
-    app = example.create_app(backend, slots) if variant == "runtime" else direct_app(example)
+    if variant == "direct":
+        app = direct_app(example)
+    else:
+        app = example.create_app(backend, slots, batch if variant == "runtime" else 1)
     add_lag_meter(app)
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
     # protocol says TCP, and accepted sockets inherit it; with 0 every answer waits ~40 ms.
@@ -201,8 +208,8 @@ async def load(
                 if period:
                     # Open loop: a late answer delays this client's next request, never the
                     # schedule of the others.
-                    due += period
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += period
                 sent = time.perf_counter()
                 writer.write(request)
                 status = await reader.readline()
@@ -242,9 +249,13 @@ async def load(
 # -- orchestration --------------------------------------------------------------------------
 
 
-def start_server(variant: str, backend: str, slots: int) -> tuple[subprocess.Popen[str], int]:
+def start_server(
+    variant: str, backend: str, slots: int, batch: int
+) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, __file__, "serve", variant, "--backend", backend]
+    command += ["--slots", str(slots), "--batch", str(batch)]
     process = subprocess.Popen(
-        [sys.executable, __file__, "serve", variant, "--backend", backend, "--slots", str(slots)],
+        command,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -330,7 +341,7 @@ def alternating(
     size: int,
     rate: float,
 ) -> dict[str, list[dict[str, Any]]]:
-    """`args.pairs` pairs of phases, A/B then B/A and so on."""
+    """`args.pairs` rounds of one phase per variant, in order then reversed, and so on."""
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for index in range(args.pairs):
         order = VARIANTS if index % 2 == 0 else VARIANTS[::-1]
@@ -341,12 +352,14 @@ def alternating(
 
 
 def run(args: argparse.Namespace) -> None:
-    servers = {v: start_server(v, args.backend, args.slots) for v in VARIANTS}
+    slots = {"runtime": args.slots, "unbatched": args.unbatched_slots, "direct": 0}
+    servers = {v: start_server(v, args.backend, slots[v], args.batch) for v in VARIANTS}
     try:
         print(f"machine: {machine()}")
         print(
             f"backend {args.backend}; {args.clients} clients; {args.seconds} s per phase; "
-            f"{args.pairs} pairs per size and load; slots per size class {args.slots}"
+            f"{args.pairs} rounds per size and load; runtime: {args.slots} slots per size "
+            f"class, batches of up to {args.batch}; unbatched: {args.unbatched_slots} slots"
         )
         for size in args.sizes:
             for variant in VARIANTS:  # warm-up: slots built, code paths hot
@@ -381,11 +394,12 @@ def report(size: int, load: str, results: dict[str, list[dict[str, Any]]]) -> No
             f"| {max(r['lag']['max_ms'] for r in rows):.2f} |"
         )
     print()
-    ratios = [
-        a["rps"] / b["rps"] for a, b in zip(results["runtime"], results["direct"], strict=True)
-    ]
-    per_pair = " ".join(f"{r:.3f}" for r in ratios)
-    print(f"throughput runtime/direct per pair: {per_pair} (median {median(ratios):.3f})")
+    for variant in RUNTIME_VARIANTS:
+        ratios = [
+            a["rps"] / b["rps"] for a, b in zip(results[variant], results["direct"], strict=True)
+        ]
+        per_round = " ".join(f"{r:.3f}" for r in ratios)
+        print(f"throughput {variant}/direct per round: {per_round} (median {median(ratios):.3f})")
     for variant in VARIANTS:
         rps = " ".join(f"{r['rps']:.0f}" for r in results[variant])
         lag = " ".join(f"{r['lag']['p99_ms']:.2f}" for r in results[variant])
@@ -401,7 +415,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     load_cmd.add_argument("port", type=int)
     for command in (parser, serve_cmd):
         command.add_argument("--backend", default="sim", help="sim, cuda, hip or auto")
-        command.add_argument("--slots", type=int, default=16, help="slots per size class")
+        command.add_argument("--slots", type=int, default=4, help="slots per size class")
+        command.add_argument("--batch", type=int, default=16, help="requests per submission")
+    parser.add_argument("--unbatched-slots", type=int, default=16)
     for command in (parser, load_cmd):
         command.add_argument("--clients", type=int, default=64)
         command.add_argument("--seconds", type=float, default=3.0)
@@ -418,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=4)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.variant, args.backend, args.slots)
+        serve(args.variant, args.backend, args.slots, args.batch)
     elif args.command == "load":
         result = asyncio.run(
             load(args.port, args.clients, args.seconds, args.size, args.seed, args.rate)

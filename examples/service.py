@@ -46,7 +46,7 @@ SCALE = 2.0
 SHIFT = 1.0
 CEILING = 6.0
 
-SIZE_CLASSES = (1024, 16384, 262144)
+SIZE_CLASSES = (1024, 4096, 16384, 65536, 262144)
 """Vector lengths the graphs are prepared for; a request uses the smallest that fits."""
 MAX_VALUES = SIZE_CLASSES[-1]
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -275,7 +275,7 @@ async def run_batch(slot: Slot[Pipeline], requests: list[Vector]) -> list[bytes]
         ]
 
 
-MAX_BATCH_VALUES = 65536
+MAX_BATCH_VALUES = 262144
 """A batch holds at most this many values, so the largest requests run one at a time."""
 
 
