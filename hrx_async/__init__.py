@@ -42,7 +42,7 @@ from .memory import (
 from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
 from .serve import RuntimeService
-from .slots import Slot, SlotPool
+from .slots import Batcher, Slot, SlotPool
 from .stats import Statistics
 from .trace import ExecutionTrace, TraceEvent
 
@@ -54,6 +54,7 @@ __all__ = [
     "Access",
     "BackendError",
     "BackendUnavailable",
+    "Batcher",
     "Binding",
     "BlockingPreparedGraph",
     "BlockingRuntime",
