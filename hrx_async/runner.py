@@ -148,7 +148,8 @@ def scalar_constants(scalars: tuple[tuple[str, float], ...]) -> Constants:
     return constants
 
 
-def _import_module(name: str) -> Any:
+def import_kernel_module(name: str) -> Any:
+    """A module by dotted name, or a `.py` file by path; ContractError if it cannot load."""
     if name.endswith(".py"):
         path = Path(name)
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -172,7 +173,7 @@ def kernel_source(kernel: str, backend: str, target: str) -> tuple[KernelSource,
                 f"on the sim backend --kernel is module:function or file.py:function, "
                 f"got {kernel!r}"
             )
-        function = getattr(_import_module(location), symbol, None)
+        function = getattr(import_kernel_module(location), symbol, None)
         if not callable(function):
             raise ContractError(f"{location} has no callable {symbol!r}")
         return KernelSource(host=function), symbol

@@ -15,19 +15,18 @@ module name or .py file whose SYMBOL(m, k, n) returns a sim NPU host program.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import Access, Binding, Buffer, Constants, KernelContract, KernelSource, Runtime, shared
 from ..benchmark import percentile
+from ..errors import ContractError
+from ..runner import import_kernel_module
 from ._common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 from .kernels import ADD_F32_CXX, BLOCK, EULER_CXX, GemmBf16, add_f32_host, euler_host
 
@@ -89,18 +88,10 @@ def load_npu_program(params: Params) -> HostProgram:
 
 
 def _import(name: str) -> Any:
-    if name.endswith(".py"):
-        path = Path(name)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None or not path.is_file():
-            raise UsageError(f"cannot load kernel file {name!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
     try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import kernel module {name!r}: {exc}") from None
+        return import_kernel_module(name)
+    except ContractError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _scalars(elements: int) -> Constants:
