@@ -487,7 +487,10 @@ def export_dlpack(
     assert isinstance(backend, GpuInterop)
     if pending:
         fences = [run.fence for run in pending]
-        consumer = 1 if stream is None else stream  # None means the legacy default stream
+        # DLPack's "no stream given": the legacy default stream, which is 1 on CUDA and 0
+        # (the null stream) on ROCm, where 1 is not a valid stream.
+        default_stream = 1 if device[0] == DLPACK_CUDA else 0
+        consumer = default_stream if stream is None else stream
         if (
             consumer == -1
             or any(f is None for f in fences)
