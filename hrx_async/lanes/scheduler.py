@@ -5,8 +5,12 @@ region's byte ranges with the tracker (so ordering across submissions is per
 byte range, in call order) and queues the regions on their lanes. Each lane is
 one async task that takes its next region, waits for its dependencies (on the
 device when producer and consumer share a backend, on the host otherwise),
-issues it and moves on without waiting for the device. Fences come back
-through the loop notifier, which finishes regions and submissions.
+issues it and moves on without waiting for the device. A region with nothing
+to wait for, on an idle lane, is issued by `submit()` itself. Fences come back
+through the loop notifier, which finishes regions and submissions; while few
+submissions are in flight, fences of backends with a poll budget are also
+polled from the loop (by the task awaiting the completion, else by a poller
+task) for about the region's usual duration, so short waits cost no thread hop.
 """
 
 from __future__ import annotations
@@ -50,8 +54,6 @@ POLL_CAP_S = 0.001
 """The longest the loop polls one fence; longer waits are left to the backend's waiter."""
 POLL_MAX_IN_FLIGHT = 4
 """Beyond this many submissions in flight, waits are long and the waiter's batches win."""
-POLL_CAP_S = 0.001
-"""The longest the loop polls one fence; longer waits are left to the backend's waiter."""
 
 
 def is_sticky(error: BaseException) -> bool:
