@@ -308,13 +308,15 @@ async def test_pipeline_runs_in_native_graphs_with_packed_arguments(host_table: 
                     expected = expected * 3 + 7
                 np.testing.assert_array_equal(np.frombuffer(memory, np.int32), expected)
         assert rt.statistics().copy_streams_created == 2
+        # An event returns to the pool once its waiter thread has passed it. With the loop's
+        # poll off, waiters finish every fence, so the pool keeps up with the replays.
+        rt._backend_or_raise().poll_budget_us = 0.0
+        await step.submit()
         events = host_table.calls["event_create"]
         launches = host_table.calls["graph_launch"]
         for _ in range(20):
             await step.submit()
-        # Pooled: an event returns to the pool once its waiter thread has passed it, so a
-        # replay may find the pool briefly empty (one more event), never one per replay.
-        assert host_table.calls["event_create"] - events <= 2
+        assert host_table.calls["event_create"] - events <= 1  # pooled, not one per replay
         assert host_table.calls["graph_launch"] == launches + 20
         assert host_table.calls["compile"] == 1
 
