@@ -36,7 +36,7 @@ from .contract import Access
 from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
 from .graph import Interval, RegionPlan
 from .lanes.lane import Lane
-from .lanes.scheduler import DONE, FAILED, ISSUED, RegionRun, Submission, is_sticky
+from .lanes.scheduler import DONE, FAILED, ISSUED, RegionRun, Submission
 from .memory import Buffer, Placement, PlacementKind, View
 from .runtime import _MappingToken
 
@@ -114,18 +114,9 @@ def _finish_external(run: RegionRun) -> None:
     else:
         run.state = FAILED
         run.error = error
-        for interval in run.plan.writes:
-            if interval.buffer.poison is None and isinstance(error, HrxError):
-                interval.buffer.poison = error
-        if is_sticky(error) and scheduler.lost is None:
-            scheduler.lost = error
-            scheduler.on_device_lost(error)
-    run.deps = []
-    for waiters in (run.issued_waiters, run.done_waiters):
-        if waiters:
-            for event in waiters:
-                event.set()
-    run.issued_waiters = run.done_waiters = None
+        scheduler.poison(run.plan, error)
+        scheduler.note_failure(error)
+    scheduler.wake_waiters(run)
 
 
 def _order_after(

@@ -543,9 +543,7 @@ class Scheduler:
         if error is not None:
             run.state = FAILED
             run.error = error
-            if is_sticky(error) and self.lost is None:
-                self.lost = error
-                self.on_device_lost(error)
+            self.note_failure(error)
             if submission.error is None:
                 submission.error = (
                     error
@@ -555,7 +553,7 @@ class Scheduler:
             # Work that never ran leaves its outputs as they were; work that failed (or read
             # poisoned input) leaves them undefined.
             if not isinstance(error, DependencyFailed | Cancelled):
-                self._poison(plan, error if isinstance(error, PoisonedError) else submission.error)
+                self.poison(plan, error if isinstance(error, PoisonedError) else submission.error)
         elif skipped:
             run.state = SKIPPED
         else:
@@ -582,20 +580,35 @@ class Scheduler:
                     failed=run.state == FAILED,
                 )
             )
+        self.wake_waiters(run)
+        submission.remaining -= 1
+        if submission.remaining == 0:
+            self._finish_submission(submission)
+
+    def note_failure(self, error: BaseException) -> None:
+        """A sticky error loses the device, once."""
+        if is_sticky(error) and self.lost is None:
+            self.lost = error
+            self.on_device_lost(error)
+
+    @staticmethod
+    def poison(plan: RegionPlan, error: BaseException) -> None:
+        """Mark what `plan` writes as undefined (the first failure wins)."""
+        if not isinstance(error, HrxError):
+            return
+        for interval in plan.writes:
+            if interval.buffer.poison is None:
+                interval.buffer.poison = error
+
+    @staticmethod
+    def wake_waiters(run: RegionRun) -> None:
+        """`run` is final: release its dependencies and everyone waiting on it."""
         run.deps = []
         for waiters in (run.issued_waiters, run.done_waiters):
             if waiters:
                 for event in waiters:
                     event.set()
         run.issued_waiters = run.done_waiters = None
-        submission.remaining -= 1
-        if submission.remaining == 0:
-            self._finish_submission(submission)
-
-    def _poison(self, plan: RegionPlan, error: BaseException) -> None:
-        for interval in plan.writes:
-            if interval.buffer.poison is None:
-                interval.buffer.poison = error if isinstance(error, HrxError) else None
 
     def _finish_submission(self, submission: Submission) -> None:
         error = submission.error
