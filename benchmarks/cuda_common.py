@@ -112,13 +112,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="how waiter threads wait on CUDA events (HRX_CUDA_FENCE_WAIT)",
     )
     options.add_argument(
-        "--poll-us", type=float, default=None, help="the backend's poll budget (default: its own)"
-    )
-    options.add_argument(
-        "--defer",
-        choices=("on", "off"),
+        "--poll-us",
+        type=float,
         default=None,
-        help="let the loop's poll have a fresh fence before the waiter thread waits on it",
+        help="the backend's poll budget, µs (0: never watch queues from the loop)",
     )
     options.add_argument(
         "--gc-freeze",
@@ -131,18 +128,15 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def configure(rt: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Apply --poll-us and --defer to the runtime's backend; returns the settings in force."""
+    """Apply --poll-us to the runtime's backend; returns the settings in force."""
     backend = rt._backend_or_raise()
     if args.poll_us is not None:
         backend.poll_budget_us = args.poll_us
-    if args.defer is not None:
-        backend.defer_waiter = args.defer == "on"
     if args.gc_freeze:
         gc.collect()
         gc.freeze()
     return {
         "poll_budget_us": backend.poll_budget_us,
-        "defer_waiter": getattr(backend, "defer_waiter", None),
         "gc_frozen": bool(args.gc_freeze),
     }
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -29,18 +29,33 @@ class CompletionProfile:
     """From submit() to the first region starting (None if none ran)."""
 
 
+class CompletionSource(Protocol):
+    """What a completion asks of the work behind it, until it resolves."""
+
+    def cancel(self) -> None:
+        """Skip what has not started."""
+        ...
+
+    def sweep(self) -> None:
+        """Finish whatever already completed, without waiting (called before suspending)."""
+        ...
+
+
+# Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
+# lock for all completions: threads rarely wait, and a lock per submission would cost more.
+_THREAD_WAITERS = threading.Lock()
+
+
 class Completion:
     """The outcome of one submission (await it, or poll `done()`)."""
 
     __slots__ = (
-        "_cancel",
         "_error",
         "_event",
         "_futures",
         "_loop",
-        "_poll",
+        "_source",
         "_thread_event",
-        "_waiters_lock",
         "finished_at",
         "label",
         "started_at",
@@ -50,13 +65,11 @@ class Completion:
     def __init__(
         self,
         label: str,
-        cancel: Callable[[], None],
-        poll: Callable[[], Awaitable[None]] | None = None,
+        source: CompletionSource,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.label = label
-        self._cancel: Callable[[], None] | None = cancel
-        self._poll = poll
+        self._source: CompletionSource | None = source
         # On asyncio, waiters wait on plain futures (one each, so cancelling one waiter
         # cancels only its own): about half the cost of an anyio.Event round trip.
         self._loop = loop
@@ -64,7 +77,6 @@ class Completion:
         self._error: BaseException | None = None
         self._event: anyio.Event | None = None
         self._thread_event: threading.Event | None = None
-        self._waiters_lock = threading.Lock()
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -75,8 +87,8 @@ class Completion:
         if self.finished_at is not None:
             return
         self._error = error
-        self._cancel = self._poll = None
-        with self._waiters_lock:
+        self._source = None
+        with _THREAD_WAITERS:
             self.finished_at = time.perf_counter()
             thread_event = self._thread_event
         if self._event is not None:
@@ -113,44 +125,47 @@ class Completion:
 
     def cancel(self) -> bool:
         """Skip the regions that have not started; running ones drain. False if already done."""
-        cancel = self._cancel
-        if cancel is None:
+        source = self._source
+        if source is None:
             return False
-        cancel()
+        source.cancel()
         return True
 
     async def wait_done(self) -> None:
-        """Wait until finished without raising the submission's error."""
+        """Wait until finished without raising the submission's error.
+
+        Awaiting is always a checkpoint, even when the work was already done: a task
+        that submits and awaits in a loop must never starve the event loop.
+        """
+        source = self._source
+        if source is not None:
+            source.sweep()
+        loop = self._loop
         if self.finished_at is not None:
-            await anyio.lowlevel.checkpoint()  # awaiting is always a checkpoint
-            return
-        poll = self._poll
-        if poll is not None:
-            await poll()
-        if self.finished_at is None:
-            loop = self._loop
             if loop is not None:
-                future = loop.create_future()
-                if self._futures is None:
-                    self._futures = [future]
-                else:
-                    self._futures.append(future)
-                await future
-                return
+                await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint
+            else:
+                await anyio.lowlevel.checkpoint()
+        elif loop is not None:
+            future = loop.create_future()
+            if self._futures is None:
+                self._futures = [future]
+            else:
+                self._futures.append(future)
+            await future
+        else:
             if self._event is None:
                 self._event = anyio.Event()
             await self._event.wait()
 
-    async def _wait(self) -> None:
-        await self.wait_done()
-        self.result()
-
     def __await__(self) -> Generator[Any, None, None]:
-        return self._wait().__await__()
+        yield from self.wait_done().__await__()
+        if self._error is not None:
+            raise self._error
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-loop) thread until finished; False on timeout, changing nothing."""
-        with self._waiters_lock:
+        with _THREAD_WAITERS:
             if self.finished_at is not None:
                 return True
             if self._thread_event is None:

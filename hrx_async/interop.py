@@ -127,7 +127,7 @@ def _order_after(
     reads = tuple(Interval(b, 0, b.nbytes) for b, writes in uses if not writes)
     writes = tuple(Interval(b, 0, b.nbytes) for b, writes in uses if writes)
     plan = RegionPlan(0, Lane.COMPUTE, (), (), reads, writes, 0)
-    run = _ExternalRun(Submission(scheduler, label, ()), plan, None, backend, [0.0])
+    run = _ExternalRun(Submission(scheduler, label, ()), plan, None, backend, [0.0], plan.queue_key)
     run.state = ISSUED
     run.fence = fence
     for buffer, writes_buffer in uses:

@@ -9,7 +9,12 @@ from .completion import Completion
 from .graph import GraphPlan, Interval, Node, RegionPlan
 
 if TYPE_CHECKING:
+    from .lanes.lane import Lane
     from .runtime import Runtime
+
+Access = tuple[int, int, int, bool]
+"""(buffer ident, start, end, writes)"""
+ReplayStep = tuple[RegionPlan, Any, object, "tuple[Lane, int]", tuple[Access, ...]]
 
 
 class PreparedGraph:
@@ -18,7 +23,16 @@ class PreparedGraph:
     Replay does O(regions) Python work and allocates no native memory.
     """
 
-    __slots__ = ("buffers", "estimates", "plan", "programs", "providers", "runtime")
+    __slots__ = (
+        "buffers",
+        "estimates",
+        "inputs",
+        "plan",
+        "programs",
+        "providers",
+        "runtime",
+        "steps",
+    )
 
     def __init__(
         self,
@@ -33,7 +47,27 @@ class PreparedGraph:
         self.providers = providers
         self.buffers = plan.buffers
         self.estimates = [0.0] * len(programs)
-        """Smoothed observed duration of each region, seconds: how long to poll its fence."""
+        """Smoothed observed duration of each region, seconds: how long to watch its queue."""
+        self.steps: tuple[ReplayStep, ...] = tuple(
+            (
+                region,
+                program,
+                provider,
+                region.queue_key,
+                tuple((i.buffer.ident, i.start, i.end, False) for i in region.reads)
+                + tuple((i.buffer.ident, i.start, i.end, True) for i in region.writes),
+            )
+            for region, program, provider in zip(plan.regions, programs, providers, strict=True)
+        )
+        """Per region, what admission needs, worked out once: its plan, program, provider,
+        queue key and byte-range accesses (reads first) as (buffer ident, start, end, writes)."""
+        overwritten = {buffer.ident for buffer in plan.overwrites}
+        self.inputs = tuple(
+            {
+                i.buffer.ident: i.buffer for i in plan.reads if i.buffer.ident not in overwritten
+            }.values()
+        )
+        """Buffers the graph reads without overwriting them first: a poisoned one refuses it."""
 
     @property
     def label(self) -> str:

@@ -449,7 +449,7 @@ async def test_fences_poll_and_wait_from_other_threads(host_table: HostTable) ->
 
 
 async def test_a_submit_await_loop_never_starves_the_event_loop(host_table: HostTable) -> None:
-    """Polling finishes fast fences from the awaiting task, yet every await yields."""
+    """The awaiting task finishes fast fences itself, yet every await yields."""
 
     def finished_query(event: Any) -> bool:
         host_table.event_synchronize(event)  # a device so fast that every query finds it done
@@ -474,4 +474,5 @@ async def test_a_submit_await_loop_never_starves_the_event_loop(host_table: Host
             for _ in range(200):
                 await prepared.submit()
             tg.cancel_scope.cancel()
-        assert ticks >= 200
+        # Every await yields once; trio may run the last batch's two tasks in either order.
+        assert ticks >= 199

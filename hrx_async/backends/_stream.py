@@ -11,13 +11,13 @@ corrupt the device context). `StreamBackend` builds everything else on it:
 * programs: a region with one copy runs as that copy on its lane's stream;
   every other region is captured once into a native graph and replayed with
   one graph launch;
-* fences: an event recorded after the program. A Python-owned waiter thread
-  per stream blocks in the native event wait on the oldest pending fence
-  (fences of one stream finish in order), then sweeps every finished fence and
-  runs their callbacks in one batch. `Fence.query()` asks the event directly,
-  so the scheduler can poll short waits from the loop; whichever notices
-  first finishes the fence (finishing is idempotent). No Python callable is
-  ever handed to the driver.
+* fences: an event recorded after the program, kept per stream in issue order
+  (`StreamFences`; fences of one stream finish in order). While the event
+  loop watches a stream it sweeps the finished head fences itself, once per
+  loop iteration; when it stops watching, a Python-owned waiter thread blocks
+  in the native event wait on the oldest unfinished fence and finishes every
+  completed one in one batch. No Python callable is ever handed to the
+  driver.
 
 Kernel argument convention: every binding is passed as its own pointer
 parameter (device address of the view), in contract order, followed by the
@@ -28,10 +28,9 @@ by-value parameter (declare a packed struct). The packed arguments are built
 once at prepare time and captured into the region's graph.
 
 Threads: `LaneQueue.submit`, `prepare_region` and the interop calls are made
-from one thread (the event loop's); fences finish on waiter threads. Events
-are pooled: only the submitting thread re-records an event, and an event goes
-back to the pool only after its waiter has passed it, so a fence's event is
-never reused while someone may still wait on it.
+from one thread (the event loop's); fences finish on that thread or on waiter
+threads. Events are pooled: only the submitting thread re-records an event,
+and an event goes back to the pool only once no waiter is blocked on it.
 """
 
 from __future__ import annotations
@@ -61,7 +60,8 @@ ByteArray = np.ndarray[Any, np.dtype[np.uint8]]
 
 POINTER_BYTES = 8
 DEFAULT_POLL_BUDGET_US = 30.0
-"""How long the scheduler may poll a fence from the loop before leaving it to the waiter."""
+"""Beyond a region's usual duration, how long an otherwise idle loop keeps sweeping a
+stream before leaving the wait to the stream's waiter thread."""
 
 DLPACK_CPU = 1
 DLPACK_CUDA = 2
@@ -243,33 +243,28 @@ class NativeStorage:
 
 
 class StreamFence:
-    """An event recorded after a program; finished by its waiter thread or by `query()`."""
+    """An event recorded after a program on one stream; finished by its `StreamFences`."""
 
     __slots__ = (
         "_callbacks",
         "_done",
         "_error",
         "_event",
-        "_lock",
-        "_table",
         "_thread_event",
+        "_track",
         "finished_at",
         "issued_at",
-        "poll_deadline",
         "started_at",
     )
 
-    def __init__(self, table: DriverTable, event: Any, issued_at: float) -> None:
-        self._table = table
+    def __init__(self, track: StreamFences, event: Any, issued_at: float) -> None:
+        self._track = track
         self._event = event
-        self._lock = threading.Lock()
         self._callbacks: list[Callable[[Any], None]] | None = None
         self._done = False
         self._error: BaseException | None = None
         self._thread_event: threading.Event | None = None
         self.issued_at = issued_at
-        self.poll_deadline = 0.0
-        """Set by the scheduler: until then the loop polls this fence and the waiter sleeps."""
         self.started_at: float | None = None
         self.finished_at: float | None = None
 
@@ -281,16 +276,16 @@ class StreamFence:
         if self._done:
             return True
         try:
-            if not self._table.event_query(self._event):
+            if not self._track.table.event_query(self._event):
                 return False
         except BackendError as exc:
-            self.finish(exc)
+            self._track.finish_early(self, exc)
             return True
-        self.finish(None)
+        self._track.finish_early(self, None)
         return True
 
     def wait(self, timeout: float | None = None) -> bool:
-        with self._lock:
+        with self._track.lock:
             if self._done:
                 return True
             if self._thread_event is None:
@@ -305,7 +300,7 @@ class StreamFence:
         return False
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        with self._lock:
+        with self._track.lock:
             if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
@@ -313,24 +308,18 @@ class StreamFence:
                 return
         callback(self)
 
-    def finish(self, error: BaseException | None, started_at: float | None = None) -> bool:
-        """Mark finished once (later calls change nothing); run the callbacks. True if first."""
-        now = time.perf_counter()
-        with self._lock:
-            if self._done:
-                return False
-            self._error = error
-            self.started_at = started_at if started_at is not None else self.issued_at
-            self.finished_at = now
-            self._done = True
-            callbacks, self._callbacks = self._callbacks, None
-            waiter = self._thread_event
-        if waiter is not None:
-            waiter.set()
-        if callbacks:
-            for callback in callbacks:
-                callback(self)
-        return True
+    def _mark(
+        self, error: BaseException | None, started_at: float, now: float
+    ) -> list[Callable[[Any], None]] | None:
+        """Finish under the track's lock; returns the callbacks to run outside it."""
+        self._error = error
+        self.started_at = started_at
+        self.finished_at = now
+        self._done = True
+        callbacks, self._callbacks = self._callbacks, None
+        if self._thread_event is not None:
+            self._thread_event.set()
+        return callbacks
 
 
 def finished_fence(refusal: BaseException) -> ThreadFence:
@@ -344,7 +333,7 @@ def finished_fence(refusal: BaseException) -> ThreadFence:
 
 
 class EventPool:
-    """Reusable events. Taken by the submitting thread, given back by waiter threads."""
+    """Reusable events, taken by the loop thread and given back by whoever finishes a fence."""
 
     def __init__(self, table: DriverTable, blocking: bool) -> None:
         self._table = table
@@ -370,105 +359,179 @@ class EventPool:
         self._free.clear()
 
 
-class FenceWaiter:
-    """A thread that finishes one stream's fences in order, a batch per wake-up.
+class StreamFences:
+    """The unfinished fences of one stream, in issue order, and the thread that waits on them.
 
-    While the loop may still be polling a fresh fence (`poll_window()` seconds
-    after it was issued), the waiter sleeps instead of waiting in the driver, so
-    the two do not fight over the GIL for the same completion.
+    Fences of one stream finish in order, so finishing always works from the head.
+    Two parties finish them. While the event loop *watches* the stream it sweeps
+    the head itself (`sweep()`, once per loop iteration): a short wait then costs
+    no thread hop and no contention for the interpreter lock. Otherwise a waiter
+    thread blocks in the native wait on the oldest unfinished fence and finishes
+    every completed one in one batch. The lock guards the deque and each fence's
+    state; callbacks always run outside it.
+
+    An event goes back to the pool once its fence is finished and the waiter
+    is not blocked on it, so a fence's event is never re-recorded under a wait.
     """
 
-    def __init__(
-        self,
-        table: DriverTable,
-        device: int,
-        pool: EventPool,
-        name: str,
-        poll_window: Callable[[], float] = lambda: 0.0,
-    ) -> None:
-        self._table = table
+    def __init__(self, table: DriverTable, device: int, pool: EventPool, name: str) -> None:
+        self.table = table
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.pending: collections.deque[StreamFence] = collections.deque()
+        self.watched = False
+        self._last_finished = 0.0
+        self._waiting_on: StreamFence | None = None
+        self._parked: list[Any] = []
+        self._waiter = FenceWaiter(self, device, name)
+
+    def add(self, fence: StreamFence) -> None:
+        self.pending.append(fence)
+        if not self.watched:
+            self._waiter.wake()
+
+    def watch(self) -> None:
+        """The loop sweeps this stream from now on; the waiter stays away."""
+        self.watched = True
+
+    def unwatch(self) -> None:
+        """The loop stops sweeping: the waiter takes over whatever is unfinished."""
+        self.watched = False
+        if self.pending:
+            self._waiter.wake()
+
+    def sweep(self) -> bool:
+        """Finish every fence whose work completed, from the head; True while any remain."""
+        with self.lock:
+            finished = self._collect(None, None)
+        _run_callbacks(finished)
+        return bool(self.pending)
+
+    def finish_early(self, fence: StreamFence, error: BaseException | None) -> None:
+        """`fence` was found complete out of order; it leaves the deque at the next sweep."""
+        with self.lock:
+            if fence._done:
+                return
+            callbacks = fence._mark(error, fence.issued_at, time.perf_counter())
+        _run_callbacks([(fence, callbacks)])
+
+    def _collect(
+        self, head: StreamFence | None, head_error: BaseException | None
+    ) -> list[tuple[StreamFence, list[Callable[[Any], None]] | None]]:
+        """Under the lock: pop and finish completed fences (`head` is known complete)."""
+        finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]] = []
+        pending = self.pending
+        table = self.table
+        now = time.perf_counter()
+        while pending:
+            fence = pending[0]
+            callbacks = None
+            if not fence._done:
+                error: BaseException | None = None
+                if fence is head:
+                    error = head_error
+                else:
+                    try:
+                        if not table.event_query(fence._event):
+                            break
+                    except BackendError as exc:
+                        error = exc
+                # A fence cannot start before the previous one on its stream finished.
+                started = max(fence.issued_at, self._last_finished)
+                callbacks = fence._mark(error, started, now)
+                self._last_finished = now
+            pending.popleft()
+            if fence is self._waiting_on:
+                self._parked.append(fence._event)
+            else:
+                self.pool.give(fence._event)
+            if callbacks:
+                finished.append((fence, callbacks))
+        return finished
+
+    # -- the waiter thread's side --------------------------------------------------------
+
+    def next_to_wait(self) -> StreamFence | None:
+        """The oldest unfinished fence, unless the loop watches the stream (or none is left)."""
+        with self.lock:
+            if self.watched:
+                return None
+            finished = self._collect(None, None) if self.pending and self.pending[0]._done else []
+            head = self.pending[0] if self.pending else None
+            self._waiting_on = head
+        _run_callbacks(finished)
+        return head
+
+    def waited(self, head: StreamFence, error: BaseException | None) -> None:
+        """The native wait on `head` returned: finish it and everything completed after it."""
+        with self.lock:
+            self._waiting_on = None
+            for event in self._parked:
+                self.pool.give(event)
+            self._parked.clear()
+            finished = self._collect(head, error)
+        _run_callbacks(finished)
+
+    def close(self) -> None:
+        self._waiter.close()
+
+
+def _run_callbacks(
+    finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]],
+) -> None:
+    for fence, callbacks in finished:
+        if callbacks:
+            for callback in callbacks:
+                callback(fence)
+
+
+class FenceWaiter:
+    """The thread that waits natively for one stream's fences the loop is not watching."""
+
+    def __init__(self, track: StreamFences, device: int, name: str) -> None:
+        self._track = track
         self._device = device
-        self._pool = pool
-        self._poll_window = poll_window
-        self._pending: collections.deque[StreamFence] = collections.deque()
         # A lock used as a binary semaphore: released to wake the idle thread (one futex op).
         self._wake = threading.Lock()
         self._wake.acquire()
         self._idle = False
         self._closing = False
-        self._last_finished = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def push(self, fence: StreamFence) -> None:
-        self._pending.append(fence)
-        # The waiter sets _idle before its last look at _pending, so either it sees this
-        # fence or we see _idle and wake it.
+    def wake(self) -> None:
+        # The thread sets _idle before its last look for work, so either it sees the new
+        # work or we see _idle and release it.
         if self._idle:
-            self._signal()
-
-    def _signal(self) -> None:
-        with contextlib.suppress(RuntimeError):  # already released: the waiter is awake
-            self._wake.release()
+            with contextlib.suppress(RuntimeError):  # already released: it is awake
+                self._wake.release()
 
     def close(self) -> None:
         self._closing = True
-        self._signal()
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        table = self._table
-        pending = self._pending
+        track = self._track
+        table = track.table
         with contextlib.suppress(BackendError):  # the waits below report the device's state
             table.set_device(self._device)
-        while True:
-            if not pending:
-                if self._closing:
-                    return
+        while not self._closing:
+            head = track.next_to_wait()
+            if head is None:
                 self._idle = True
-                if not pending and not self._closing:
+                if track.next_to_wait() is None and not self._closing:
                     self._wake.acquire()
                 self._idle = False
                 continue
-            head = pending[0]
-            head_error: BaseException | None = None
-            if not head._done:
-                deadline = head.poll_deadline or head.issued_at + self._poll_window()
-                window = deadline - time.perf_counter()
-                if window > 0:
-                    time.sleep(window)
-            if not head._done:
-                try:
-                    table.event_synchronize(head._event)
-                except BackendError as exc:
-                    head_error = exc
-            self._sweep(head, head_error)
-
-    def _sweep(self, head: StreamFence, head_error: BaseException | None) -> None:
-        """Finish the head and every later fence whose event already completed."""
-        table = self._table
-        pending = self._pending
-        batch: list[tuple[StreamFence, BaseException | None]] = [(head, head_error)]
-        pending.popleft()
-        while pending:
-            fence = pending[0]
             error: BaseException | None = None
-            if not fence._done:
-                try:
-                    if not table.event_query(fence._event):
-                        break
-                except BackendError as exc:
-                    error = exc
-            pending.popleft()
-            batch.append((fence, error))
-        for fence, error in batch:
-            # A fence cannot start before the previous one on its stream finished.
-            started = max(fence.issued_at, self._last_finished)
-            fence.finish(error, started)
-            if fence.finished_at is not None:
-                self._last_finished = fence.finished_at
-            self._pool.give(fence._event)
+            try:
+                table.event_synchronize(head._event)
+            except BackendError as exc:
+                error = exc
+            track.waited(head, error)
 
 
 # -- programs ----------------------------------------------------------------------------
@@ -605,12 +668,11 @@ def _quietly(call: Callable[..., Any], *args: Any) -> None:
 class StreamQueue:
     """One lane's in-order stream."""
 
-    def __init__(self, backend: StreamBackend, stream: Any, waiter: FenceWaiter) -> None:
-        self._backend = backend
+    def __init__(self, backend: StreamBackend, stream: Any, fences: StreamFences) -> None:
         self._table = backend.table
         self._pool = backend.events
         self.stream = stream
-        self._waiter = waiter
+        self.fences = fences
 
     def submit(self, program: Any, waits: Sequence[Fence], preflight: Preflight) -> Fence:
         refusal = preflight()
@@ -630,9 +692,20 @@ class StreamQueue:
             table.event_record(event, stream)
         except BackendError as exc:
             return finished_fence(exc)
-        fence = StreamFence(table, event, issued_at)
-        self._waiter.push(fence)
+        fence = StreamFence(self.fences, event, issued_at)
+        self.fences.add(fence)
         return fence
+
+    # The loop's side of `StreamFences` (see `WatchedQueue`).
+
+    def watch(self) -> None:
+        self.fences.watch()
+
+    def unwatch(self) -> None:
+        self.fences.unwatch()
+
+    def sweep(self) -> bool:
+        return self.fences.sweep()
 
     def close(self) -> None:
         """Streams are owned and destroyed by the backend."""
@@ -652,7 +725,6 @@ class StreamBackend:
         blocking_sync: bool = False,
         poll_budget_us: float = DEFAULT_POLL_BUDGET_US,
         cache: KernelCache | None = None,
-        defer_waiter: bool = True,
     ) -> None:
         self.table = table
         self.name = table.name
@@ -660,15 +732,13 @@ class StreamBackend:
         self.target = target
         self.poll_budget_us = poll_budget_us
         self.blocking_sync = blocking_sync
-        self.defer_waiter = defer_waiter
-        """Let the loop's poll have a fresh fence before its waiter thread waits on it."""
         self.native_graphs_prepared = 0
         self.copy_streams_created = 0
         self.events = EventPool(table, blocking_sync)
         self._cache = cache
         self._queues: dict[QueueKey, StreamQueue] = {}
         self._streams: dict[int, Any] = {}
-        self._waiters: dict[int, FenceWaiter] = {}
+        self._fences: dict[int, StreamFences] = {}
         self._setup_stream: Any = None
         self._interop_stream: Any = None
         self._graphs: dict[int, tuple[Any, Any]] = {}
@@ -723,21 +793,14 @@ class StreamBackend:
 
     # -- execution -----------------------------------------------------------------------
 
-    def _waiter_for(self, handle: int, polled: bool = False) -> FenceWaiter:
-        waiter = self._waiters.get(handle)
-        if waiter is None:
-            waiter = FenceWaiter(
-                self.table,
-                self.device,
-                self.events,
-                f"hrx-{self.name}-fences-{len(self._waiters)}",
-                self._poll_window if polled else lambda: 0.0,
+    def _fences_of(self, handle: int) -> StreamFences:
+        fences = self._fences.get(handle)
+        if fences is None:
+            fences = StreamFences(
+                self.table, self.device, self.events, f"hrx-{self.name}-fences-{len(self._fences)}"
             )
-            self._waiters[handle] = waiter
-        return waiter
-
-    def _poll_window(self) -> float:
-        return self.poll_budget_us * 1e-6 if self.defer_waiter else 0.0
+            self._fences[handle] = fences
+        return fences
 
     def queue(self, key: QueueKey) -> StreamQueue:
         queue = self._queues.get(key)
@@ -748,7 +811,7 @@ class StreamBackend:
             self._streams[handle] = stream
             if lane in (Lane.UPLOAD, Lane.DOWNLOAD):
                 self.copy_streams_created += 1
-            queue = StreamQueue(self, stream, self._waiter_for(handle, polled=True))
+            queue = StreamQueue(self, stream, self._fences_of(handle))
             self._queues[key] = queue
         return queue
 
@@ -944,8 +1007,9 @@ class StreamBackend:
         except BaseException:
             self.events.give(event)
             raise
-        fence = StreamFence(table, event, issued_at)
-        self._waiter_for(handle).push(fence)
+        fences = self._fences_of(handle)
+        fence = StreamFence(fences, event, issued_at)
+        fences.add(fence)
         return fence
 
     def wait_on_stream(self, handle: int, fences: Sequence[Fence]) -> bool:
@@ -979,9 +1043,9 @@ class StreamBackend:
         table = self.table
         for stream in self._streams.values():
             _quietly(table.stream_synchronize, stream)
-        for waiter in self._waiters.values():
-            waiter.close()
-        self._waiters.clear()
+        for fences in self._fences.values():
+            fences.close()
+        self._fences.clear()
         for finalizer in self._graph_finalizers:
             finalizer()
         self._graph_finalizers.clear()
@@ -1020,6 +1084,7 @@ __all__ = [
     "NativeStorage",
     "StreamBackend",
     "StreamFence",
+    "StreamFences",
     "StreamQueue",
     "check_kernel_metadata",
     "constant_sizes",

@@ -83,6 +83,27 @@ class LaneQueue(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class WatchedQueue(LaneQueue, Protocol):
+    """A queue whose fences the event loop can finish itself (the stream backends).
+
+    While watched, the scheduler calls `sweep()` once per loop iteration and the
+    queue's own waiter thread stays idle, so a short wait costs no thread hop.
+    """
+
+    def watch(self) -> None:
+        """The loop sweeps this queue from now on."""
+        ...
+
+    def unwatch(self) -> None:
+        """The loop stops sweeping; the queue's waiter finishes what is left."""
+        ...
+
+    def sweep(self) -> bool:
+        """Finish every fence whose work completed; True while any remain unfinished."""
+        ...
+
+
 class Backend(Protocol):
     """A device layer: memory, queues, programs and kernels."""
 
@@ -93,8 +114,8 @@ class Backend(Protocol):
     native_graphs_prepared: int
     copy_streams_created: int
     poll_budget_us: float
-    """How long the scheduler may poll a fence from the loop (`query()` between
-    `sleep(0)`s) before relying on its callback; 0 turns polling off."""
+    """Beyond a region's usual duration, how long an otherwise idle loop sweeps a
+    `WatchedQueue` before leaving the wait to the queue; 0 turns watching off."""
 
     def allocate(self, nbytes: int, placement: Placement) -> Any:
         """Zeroed native storage of `nbytes` for `placement`."""
@@ -201,4 +222,5 @@ __all__ = [
     "NpuKernel",
     "Program",
     "QueueKey",
+    "WatchedQueue",
 ]

@@ -6,11 +6,16 @@ byte range, in call order) and queues the regions on their lanes. Each lane is
 one async task that takes its next region, waits for its dependencies (on the
 device when producer and consumer share a backend, on the host otherwise),
 issues it and moves on without waiting for the device. A region with nothing
-to wait for, on an idle lane, is issued by `submit()` itself. Fences come back
-through the loop notifier, which finishes regions and submissions; while few
-submissions are in flight, fences of backends with a poll budget are also
-polled from the loop (by the task awaiting the completion, else by a poller
-task) for about the region's usual duration, so short waits cost no thread hop.
+to wait for, on an idle lane, is issued by `submit()` itself.
+
+Fences come back through their callbacks: on a backend's thread they go
+through the loop notifier, which finishes regions and submissions in batches.
+Queues of backends with a poll budget (the GPU streams) are *watched*
+instead: the loop sweeps them once per iteration (and the awaiting task once
+before it suspends), so a completion costs no thread hop and no contention for
+the interpreter lock. A watched queue is handed back to its own waiter thread
+only when the loop has nothing else to do and the work is overdue: beyond the
+region's usual duration plus the budget, at most `POLL_CAP_S`.
 """
 
 from __future__ import annotations
@@ -51,9 +56,9 @@ if TYPE_CHECKING:
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
 POLL_CAP_S = 0.001
-"""The longest the loop polls one fence; longer waits are left to the backend's waiter."""
-POLL_MAX_IN_FLIGHT = 4
-"""Beyond this many submissions in flight, waits are long and the waiter's batches win."""
+"""The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
+IDLE_GAP_S = 100e-6
+"""Loop iterations closer together than this mean the loop is only spinning for fences."""
 
 
 def is_sticky(error: BaseException) -> bool:
@@ -71,8 +76,8 @@ class RegionRun:
         "estimates",
         "fence",
         "issued_waiters",
+        "key",
         "plan",
-        "poll_deadline",
         "program",
         "provider",
         "started_at",
@@ -87,14 +92,15 @@ class RegionRun:
         program: Any,
         provider: object,
         estimates: list[float],
+        key: tuple[Lane, int],
     ) -> None:
         self.submission = submission
         self.plan = plan
         self.program = program
         self.provider = provider
         self.estimates = estimates
-        self.poll_deadline = 0.0
-        self.deps: list[RegionRun] = []
+        self.key = key
+        self.deps: Sequence[RegionRun] = ()
         self.state = QUEUED
         self.fence: Fence | None = None
         self.error: BaseException | None = None
@@ -124,13 +130,17 @@ class RegionRun:
 
     def on_fence(self, fence: Any) -> None:
         if self.state >= DONE:
-            return  # the loop's poll finished it already
+            return
         submission = self.submission
         error = fence.error()
         if error is not None:
             # Seen by later regions' preflight on worker threads before the loop hears of it.
             submission.device_error = error
-        submission.scheduler.notifier.post(submission.scheduler.fence_done, self)
+        scheduler = submission.scheduler
+        if threading.get_ident() == scheduler.loop_thread:
+            scheduler.fence_done(self)  # a sweep of a watched queue, on the loop
+        else:
+            scheduler.notifier.post(scheduler.fence_done, self)
 
     def failure_of_dependencies(self) -> BaseException | None:
         """Why this region must not run, judged from its dependencies and its submission.
@@ -187,37 +197,17 @@ class Submission:
         self.device_error: BaseException | None = None
         self.runs: list[RegionRun] = []
         self.remaining = 0
-        self.completion = Completion(label, self.cancel, self.poll, scheduler.asyncio_loop)
+        self.completion = Completion(label, self, scheduler.asyncio_loop)
 
-    async def poll(self) -> None:
-        """Poll this submission's fences from the awaiting task while they are due soon.
+    def sweep(self) -> None:
+        """Before the awaiting task suspends: finish what completed on the watched queues.
 
-        A short wait then finishes without any thread hop or extra loop wake-up; once
-        nothing is due within its poll window, the caller waits for the callbacks.
+        Work that finished while the caller was busy then completes without a loop
+        iteration spent on noticing it.
         """
-        finish = self.scheduler.fence_done
-        # A bare asyncio.sleep(0) is a third cheaper than anyio's checkpoint, and anyio's
-        # cancel scopes reach it all the same (they cancel the task).
-        checkpoint = anyio.lowlevel.checkpoint if self.scheduler.asyncio_loop is None else None
-        yielded = False
-        while self.remaining:
-            now = time.perf_counter()
-            due = False
-            for run in self.runs:
-                fence = run.fence
-                if fence is None or run.state >= DONE or now > run.poll_deadline:
-                    continue
-                due = True
-                if fence.query():
-                    finish(run)
-            if not due or not self.remaining:
-                break
-            await (asyncio.sleep(0) if checkpoint is None else checkpoint())
-            yielded = True
-        if not yielded and not self.remaining:
-            # Awaiting is a checkpoint even when the device was already done: a task that
-            # submits and awaits in a loop must never starve the event loop.
-            await (asyncio.sleep(0) if checkpoint is None else checkpoint())
+        scheduler = self.scheduler
+        if scheduler.watched:
+            scheduler.sweep_watched(False)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -305,63 +295,62 @@ class Scheduler:
             self.asyncio_loop = asyncio.get_running_loop()
         except RuntimeError:  # trio
             self.asyncio_loop = None
-        self.polled: collections.deque[RegionRun] = collections.deque()
-        self.poller_wakeup: anyio.Event | None = None
-        self.poller_started = False
+        self.watched: dict[Any, float] = {}
+        """Watched queues, each with the time until which an idle loop keeps sweeping it."""
+        self.last_sweep = 0.0
+        self.tick_scheduled = False
+        self.watcher_wakeup: anyio.Event | None = None
+        self.watcher_started = False
 
     # -- admission -------------------------------------------------------------
 
     def submit(
         self, prepared: PreparedGraph, after: Iterable[Completion], nowait: bool
     ) -> Completion:
-        if self.closed:
-            raise RuntimeClosed("the runtime is closed; submit inside `async with Runtime()`")
-        if self.lost is not None:
-            raise DeviceLost(f"the device was lost ({self.lost}); open a new runtime")
-        if threading.get_ident() != self.loop_thread:
-            raise ContractError(
-                "submit() was called from a thread other than the runtime's event loop; "
-                "use anyio.from_thread.run_sync(prepared.submit) or BlockingRuntime"
-            )
-        plan = prepared.plan
+        # The hot path of every replay: checks that pass cost one comparison each, and
+        # the slower explanations live in _refuse and _check_inputs.
+        if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
+            self._refuse()
         for buffer in prepared.buffers:
-            buffer.check_alive()
-        overwrites = plan.overwrites
-        for interval in plan.reads:
-            buffer = interval.buffer
-            if buffer.poison is not None and buffer not in overwrites:
+            if buffer._released:
+                buffer.check_alive()
+        for buffer in prepared.inputs:
+            if buffer.poison is not None:
                 raise PoisonedError(buffer.label, buffer.poison)
-        prepared.runtime._check_mapping_conflicts(plan)
-        after_items = tuple(after)
-        for item in after_items:
-            if not isinstance(item, Completion):
-                raise ContractError(f"after= takes Completions of this runtime, got {item!r}")
+        runtime = prepared.runtime
+        if runtime._mapping_count:
+            runtime._check_mapping_conflicts(prepared.plan)
+        after_items: tuple[Completion, ...] = ()
+        if after:
+            after_items = tuple(after)
+            for item in after_items:
+                if not isinstance(item, Completion):
+                    raise ContractError(f"after= takes Completions of this runtime, got {item!r}")
         if nowait and (self.in_flight >= self.max_submissions or self.waiting):
             raise Busy(
                 f"{self.in_flight} submissions are in flight (max_submissions="
                 f"{self.max_submissions}); await one or use submit()"
             )
 
-        submission = Submission(self, plan.label, after_items)
-        tracker = self.tracker
+        submission = Submission(self, prepared.plan.label, after_items)
+        record = self.tracker.record
+        estimates = prepared.estimates
         runs = submission.runs
-        for region, program, provider in zip(
-            plan.regions, prepared.programs, prepared.providers, strict=True
-        ):
-            run = RegionRun(submission, region, program, provider, prepared.estimates)
-            deps: set[object] = set()
-            for interval in region.reads:
-                deps |= tracker.record(
-                    interval.buffer.ident, interval.start, interval.end, False, run
-                )
-            for interval in region.writes:
-                deps |= tracker.record(
-                    interval.buffer.ident, interval.start, interval.end, True, run
-                )
-            run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
+        for region, program, provider, key, accesses in prepared.steps:
+            run = RegionRun(submission, region, program, provider, estimates, key)
+            deps: set[object] | None = None
+            for ident, start, end, writes in accesses:
+                found = record(ident, start, end, writes, run)
+                if found:
+                    if deps is None:
+                        deps = found
+                    else:
+                        deps |= found
+            if deps:
+                run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
             runs.append(run)
         submission.remaining = len(runs)
-        for buffer in overwrites:
+        for buffer in prepared.plan.overwrites:
             buffer.poison = None
         self.counters.submissions += 1
         self.live += 1
@@ -371,21 +360,31 @@ class Scheduler:
             self.waiting.append(submission)
         return submission.completion
 
+    def _refuse(self) -> None:
+        if self.closed:
+            raise RuntimeClosed("the runtime is closed; submit inside `async with Runtime()`")
+        if self.lost is not None:
+            raise DeviceLost(f"the device was lost ({self.lost}); open a new runtime")
+        raise ContractError(
+            "submit() was called from a thread other than the runtime's event loop; "
+            "use anyio.from_thread.run_sync(prepared.submit) or BlockingRuntime"
+        )
+
     def _admit(self, submission: Submission) -> None:
         self.in_flight += 1
         lanes = self.lanes
         direct = not submission.after and self.lost is None
         for run in submission.runs:
-            key = run.plan.queue_key
+            key = run.key
             lane = lanes.get(key)
             if lane is None:
                 lane = lanes[key] = LaneRunner(self, key)
                 self.task_group.start_soon(lane.serve, name=f"hrx-lane-{key[0].label}-{key[1]}")
-            if direct and lane.idle and self._unblocked(run):
+            if direct and not lane.items and not lane.busy and self._unblocked(run):
                 # Nothing queued ahead on this lane and nothing to wait for: issue now,
                 # saving the lane task's wake-up. Work that must wait goes through the lane,
                 # where it stays cancellable until its dependencies are issued.
-                self._launch(run, [])
+                self._launch(run, ())
                 continue
             lane.push(run)
 
@@ -446,11 +445,25 @@ class Scheduler:
             return
         self._launch(run, waits)
 
-    def _launch(self, run: RegionRun, waits: list[Fence]) -> None:
+    def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
         """Hand `run` to its queue (device-side waits first) and start watching its fence."""
         run.state = ISSUED
         run.started_at = now = time.perf_counter()
-        queue: LaneQueue = run.provider.queue(run.plan.queue_key)  # type: ignore[attr-defined]
+        provider = run.provider
+        queue: LaneQueue = provider.queue(run.key)  # type: ignore[attr-defined]
+        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
+        if budget_us > 0:
+            # Watch before submitting, so the queue's waiter thread never starts on this fence.
+            expected = run.estimates[run.plan.index]
+            deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+            watched = self.watched
+            current = watched.get(queue)
+            if current is None:
+                queue.watch()  # type: ignore[attr-defined]
+                watched[queue] = deadline
+                self._schedule_tick()
+            elif deadline > current:
+                watched[queue] = deadline
         try:
             fence = queue.submit(run.program, waits, run.failure_of_dependencies)
         except BaseException as exc:
@@ -462,50 +475,63 @@ class Scheduler:
             run.issued_waiters = None
             for event in waiters:
                 event.set()
-        budget_us: float = getattr(run.provider, "poll_budget_us", 0.0)
-        if self.in_flight > POLL_MAX_IN_FLIGHT:
-            budget_us = 0.0
-        if budget_us > 0:
-            # Poll for the region's usual duration plus the backend's budget, within a cap.
-            expected = run.estimates[run.plan.index]
-            run.poll_deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
-            if hasattr(fence, "poll_deadline"):
-                fence.poll_deadline = run.poll_deadline
         fence.add_done_callback(run.on_fence)
-        if budget_us > 0:
-            self._poll(run)
 
-    # -- polling short waits ---------------------------------------------------
+    # -- watching queues -------------------------------------------------------
 
-    def _poll(self, run: RegionRun) -> None:
-        """Watch the fence from the loop until its deadline: a short wait costs no thread hop."""
-        self.polled.append(run)
-        if not self.poller_started:
-            self.poller_started = True
-            self.task_group.start_soon(self._poller, name="hrx-fence-poller")
-        elif self.poller_wakeup is not None:
-            self.poller_wakeup.set()
+    def sweep_watched(self, expire: bool) -> None:
+        """Finish what completed on every watched queue; with `expire`, hand back overdue ones.
 
-    async def _poller(self) -> None:
+        A queue is handed back to its waiter only while the loop is idle (iterations
+        close together): a busy loop sweeps at no cost worth saving, and a thread could
+        not finish anything sooner than the loop's next iteration anyway.
+        """
+        now = time.perf_counter()
+        idle = now - self.last_sweep < IDLE_GAP_S
+        self.last_sweep = now
+        watched = self.watched
+        for queue, deadline in list(watched.items()):
+            if not queue.sweep() or (expire and idle and now > deadline):
+                del watched[queue]
+                queue.unwatch()
+
+    def _schedule_tick(self) -> None:
+        loop = self.asyncio_loop
+        if loop is not None:
+            if not self.tick_scheduled:
+                self.tick_scheduled = True
+                loop.call_soon(self._tick)
+        elif not self.watcher_started:
+            self.watcher_started = True
+            self.task_group.start_soon(self._watcher, name="hrx-queue-watcher")
+        elif self.watcher_wakeup is not None:
+            self.watcher_wakeup.set()
+
+    def _tick(self) -> None:
+        # asyncio: a plain callback per loop iteration is far cheaper than a task step.
+        self.tick_scheduled = False
+        if self.watched:
+            self.sweep_watched(True)
+            if self.watched:
+                self.tick_scheduled = True
+                self.asyncio_loop.call_soon(self._tick)  # type: ignore[union-attr]
+
+    async def _watcher(self) -> None:
+        # trio: the same sweep from a task, one per loop iteration while anything is watched.
         with anyio.CancelScope(shield=True):
-            polled = self.polled
             while not self.closed:
-                if not polled:
-                    self.poller_wakeup = anyio.Event()
-                    await self.poller_wakeup.wait()
-                    self.poller_wakeup = None
+                if not self.watched:
+                    self.watcher_wakeup = anyio.Event()
+                    await self.watcher_wakeup.wait()
+                    self.watcher_wakeup = None
                     continue
-                now = time.perf_counter()
-                for _ in range(len(polled)):
-                    run = polled.popleft()
-                    fence = run.fence
-                    if fence is None or run.state >= DONE:
-                        continue
-                    if fence.query():
-                        self.fence_done(run)
-                    elif now < run.poll_deadline:
-                        polled.append(run)
-                await anyio.sleep(0)
+                self.sweep_watched(True)
+                await anyio.lowlevel.checkpoint()
+
+    def unwatch_all(self) -> None:
+        for queue in self.watched:
+            queue.unwatch()
+        self.watched.clear()
 
     async def _run_inline(self, run: RegionRun, program: AsyncHostProgram) -> None:
         run.state = ISSUED
@@ -560,7 +586,7 @@ class Scheduler:
             run.state = DONE
             started = run.started_at
             if started is not None and run.fence is not None:
-                # Learn how long this region takes, so its next replay is polled as long.
+                # Learn how long this region takes: an idle loop watches its next replay as long.
                 estimates, index = run.estimates, plan.index
                 estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
             if plan.copy_bytes:
@@ -603,7 +629,7 @@ class Scheduler:
     @staticmethod
     def wake_waiters(run: RegionRun) -> None:
         """`run` is final: release its dependencies and everyone waiting on it."""
-        run.deps = []
+        run.deps = ()
         for waiters in (run.issued_waiters, run.done_waiters):
             if waiters:
                 for event in waiters:
@@ -656,5 +682,6 @@ class Scheduler:
         self.closed = True
         for lane in self.lanes.values():
             lane.close()
-        if self.poller_wakeup is not None:
-            self.poller_wakeup.set()
+        self.unwatch_all()
+        if self.watcher_wakeup is not None:
+            self.watcher_wakeup.set()
