@@ -36,8 +36,20 @@ class CompletionSource(Protocol):
         """Skip what has not started."""
         ...
 
-    def sweep(self) -> None:
-        """Finish whatever already completed, without waiting (called before suspending)."""
+    def sweep(self) -> bool:
+        """Finish whatever already completed, without waiting; called before suspending.
+
+        True makes the caller the *leader*: it keeps calling `sweep_again()` between
+        checkpoints instead of suspending until woken, then calls `release()`.
+        """
+        ...
+
+    def sweep_again(self) -> bool:
+        """The leader's sweep; False once sweeping is no longer worth it (wait instead)."""
+        ...
+
+    def release(self) -> None:
+        """The leader stops sweeping."""
         ...
 
 
@@ -138,15 +150,31 @@ class Completion:
         that submits and awaits in a loop must never starve the event loop.
         """
         source = self._source
-        if source is not None:
-            source.sweep()
+        lead = source.sweep() if source is not None else False
         loop = self._loop
         if self.finished_at is not None:
             if loop is not None:
                 await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint
             else:
                 await anyio.lowlevel.checkpoint()
-        elif loop is not None:
+            return
+        if lead:
+            assert source is not None
+            # Sweeping between checkpoints notices the end of the work in the same loop
+            # iteration that resumes this task, one iteration sooner than being woken.
+            try:
+                while True:
+                    if loop is not None:
+                        await asyncio.sleep(0)
+                    else:
+                        await anyio.lowlevel.checkpoint()
+                    if not source.sweep_again() or self.finished_at is not None:
+                        break
+            finally:
+                source.release()
+            if self.finished_at is not None:
+                return
+        if loop is not None:
             future = loop.create_future()
             if self._futures is None:
                 self._futures = [future]

@@ -272,7 +272,13 @@ class AccessTracker(Generic[U]):
         allocs = self._allocs
         for key in keys:
             alloc = allocs[key]
-            alloc.touched.discard(user)
+            touched = alloc.touched
+            touched.discard(user)
+            if not touched:
+                # Nobody else may appear here (touched is a superset of the users present):
+                # the allocation empties, as after every replay whose work completed.
+                del allocs[key]
+                continue
             rest = alloc.rest
             # Find the first segment `user` still appears in; everything before it (bar its
             # left neighbour, which may merge) stays as it is.

@@ -199,15 +199,32 @@ class Submission:
         self.remaining = 0
         self.completion = Completion(label, self, scheduler.asyncio_loop)
 
-    def sweep(self) -> None:
+    def sweep(self) -> bool:
         """Before the awaiting task suspends: finish what completed on the watched queues.
 
         Work that finished while the caller was busy then completes without a loop
-        iteration spent on noticing it.
+        iteration spent on noticing it. While work is still watched and no other task
+        leads, the caller becomes the leader and sweeps in place of the loop's tick.
         """
         scheduler = self.scheduler
+        if not scheduler.watched:
+            return False
+        scheduler.sweep_watched(False)
+        if self.remaining and scheduler.watched and not scheduler.leader:
+            scheduler.leader = True
+            return True
+        return False
+
+    def sweep_again(self) -> bool:
+        scheduler = self.scheduler
+        scheduler.sweep_watched(True)
+        return bool(scheduler.watched)
+
+    def release(self) -> None:
+        scheduler = self.scheduler
+        scheduler.leader = False
         if scheduler.watched:
-            scheduler.sweep_watched(False)
+            scheduler._schedule_tick()
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -298,6 +315,8 @@ class Scheduler:
         self.watched: dict[Any, float] = {}
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
+        self.leader = False
+        """True while a task awaiting a completion sweeps in place of the tick."""
         self.tick_scheduled = False
         self.watcher_wakeup: anyio.Event | None = None
         self.watcher_started = False
@@ -510,7 +529,7 @@ class Scheduler:
     def _tick(self) -> None:
         # asyncio: a plain callback per loop iteration is far cheaper than a task step.
         self.tick_scheduled = False
-        if self.watched:
+        if self.watched and not self.leader:
             self.sweep_watched(True)
             if self.watched:
                 self.tick_scheduled = True
@@ -520,7 +539,7 @@ class Scheduler:
         # trio: the same sweep from a task, one per loop iteration while anything is watched.
         with anyio.CancelScope(shield=True):
             while not self.closed:
-                if not self.watched:
+                if not self.watched or self.leader:
                     self.watcher_wakeup = anyio.Event()
                     await self.watcher_wakeup.wait()
                     self.watcher_wakeup = None
