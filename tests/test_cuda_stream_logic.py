@@ -24,6 +24,7 @@ import hrx_async.runtime as runtime_module
 from hrx_async.backends._stream import StreamBackend, make_error
 from hrx_async.errors import ContractError
 from hrx_async.kernel_cache import KernelCache
+from hrx_async.lanes.scheduler import SWEEP_LIMIT
 
 pytestmark = pytest.mark.anyio
 
@@ -476,3 +477,114 @@ async def test_a_submit_await_loop_never_starves_the_event_loop(host_table: Host
             tg.cancel_scope.cancel()
         # Every await yields once; trio may run the last batch's two tasks in either order.
         assert ticks >= 199
+
+
+def _instant_device(host_table: HostTable) -> None:
+    """Every query finds the work done (a device far faster than the host)."""
+
+    def finished_query(event: Any) -> bool:
+        host_table.event_synchronize(event)
+        return True
+
+    host_table.event_query = finished_query  # type: ignore[method-assign]
+
+
+def _count_posts(rt: hrx.Runtime) -> list[int]:
+    """How many callbacks other threads hand to the loop (a fence finished off the loop)."""
+    scheduler = rt._scheduler_or_raise()
+    posts = [0]
+    post = scheduler.notifier.post
+
+    def counting_post(fn: Callable[[Any], None], arg: Any) -> None:
+        posts[0] += 1
+        post(fn, arg)
+
+    scheduler.notifier.post = counting_post  # type: ignore[method-assign]
+    return posts
+
+
+def _fill_graphs(rt: hrx.Runtime, count: int) -> list[hrx.PreparedGraph]:
+    graphs = []
+    for index in range(count):
+        graph = rt.graph(f"fill-{index}")
+        graph.fill(rt.allocate(64, hrx.GPU_LOCAL).view(), index)
+        graphs.append(graph.prepare())
+    return graphs
+
+
+@pytest.mark.parametrize("budget_us", [30.0, 0.0])
+async def test_watched_streams_finish_on_the_loop_without_a_thread(
+    host_table: HostTable, budget_us: float
+) -> None:
+    _instant_device(host_table)
+    async with hrx.Runtime(backend="fake") as rt:
+        rt._backend_or_raise().poll_budget_us = budget_us
+        (prepared,) = _fill_graphs(rt, 1)
+        posts = _count_posts(rt)
+        for _ in range(50):
+            await prepared.submit()
+        if budget_us:
+            assert posts[0] == 0  # every fence was swept by the loop itself
+        else:
+            assert posts[0] == 50  # unwatched: each came back from the waiter thread
+
+
+async def test_an_idle_loop_hands_overdue_work_to_the_waiter(host_table: HostTable) -> None:
+    host_table.delay = 0.06
+    async with hrx.Runtime(backend="fake") as rt:
+        (prepared,) = _fill_graphs(rt, 1)
+        scheduler = rt._scheduler_or_raise()
+        posts = _count_posts(rt)
+        completion = prepared.submit()
+        assert scheduler.watched
+        await anyio.sleep(0.03)  # far past the first replay's watch window (budget only)
+        assert not completion.done()
+        assert not scheduler.watched  # the loop stopped spinning on it
+        await completion
+        assert posts[0] == 1  # finished by the stream's waiter thread
+
+
+async def test_a_busy_loop_keeps_sweeping_overdue_work(host_table: HostTable) -> None:
+    host_table.delay = 0.06
+    async with hrx.Runtime(backend="fake") as rt:
+        (prepared,) = _fill_graphs(rt, 1)
+        scheduler = rt._scheduler_or_raise()
+        completion = prepared.submit()
+        stop = anyio.Event()
+
+        async def busy() -> None:
+            while not stop.is_set():
+                time.sleep(0.0003)  # each loop iteration takes a while
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            await anyio.sleep(0.03)
+            watched_while_busy = bool(scheduler.watched)
+            stop.set()
+        assert not completion.done()
+        assert watched_while_busy  # a thread could not have finished it any sooner
+        await completion
+
+
+async def test_one_loop_pass_finishes_a_bounded_number_of_fences(
+    host_table: HostTable, anyio_backend: str
+) -> None:
+    _instant_device(host_table)
+    # trio runs a batch's tasks in any order, so the sweeping task may run twice between
+    # two checkpoints of this one.
+    limit = SWEEP_LIMIT if anyio_backend == "asyncio" else 2 * SWEEP_LIMIT
+    async with hrx.Runtime(backend="fake", max_submissions=64) as rt:
+        graphs = _fill_graphs(rt, 48)
+        completions = [graph.submit() for graph in graphs]
+        finished_per_pass = []
+        done = 0
+        while done < len(completions):
+            await anyio.lowlevel.checkpoint()
+            now = sum(completion.done() for completion in completions)
+            finished_per_pass.append(now - done)
+            done = now
+        assert max(finished_per_pass) <= limit
+        assert len(finished_per_pass) >= len(completions) // limit
+        for completion in completions:
+            await completion

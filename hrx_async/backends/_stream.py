@@ -400,10 +400,11 @@ class StreamFences:
         if self.pending:
             self._waiter.wake()
 
-    def sweep(self) -> bool:
-        """Finish every fence whose work completed, from the head; True while any remain."""
+    def sweep(self, limit: int) -> bool:
+        """Finish up to `limit` fences whose work completed, from the head; True while any
+        remain."""
         with self.lock:
-            finished = self._collect(None, None)
+            finished = self._collect(None, None, limit)
         _run_callbacks(finished)
         return bool(self.pending)
 
@@ -416,14 +417,16 @@ class StreamFences:
         _run_callbacks([(fence, callbacks)])
 
     def _collect(
-        self, head: StreamFence | None, head_error: BaseException | None
+        self, head: StreamFence | None, head_error: BaseException | None, limit: int = -1
     ) -> list[tuple[StreamFence, list[Callable[[Any], None]] | None]]:
-        """Under the lock: pop and finish completed fences (`head` is known complete)."""
+        """Under the lock: pop and finish completed fences (`head` is known complete), at
+        most `limit` of them when it is positive."""
         finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]] = []
         pending = self.pending
         table = self.table
         now = time.perf_counter()
-        while pending:
+        while pending and limit:
+            limit -= 1
             fence = pending[0]
             callbacks = None
             if not fence._done:
@@ -704,8 +707,8 @@ class StreamQueue:
     def unwatch(self) -> None:
         self.fences.unwatch()
 
-    def sweep(self) -> bool:
-        return self.fences.sweep()
+    def sweep(self, limit: int) -> bool:
+        return self.fences.sweep(limit)
 
     def close(self) -> None:
         """Streams are owned and destroyed by the backend."""

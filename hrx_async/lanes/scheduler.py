@@ -58,7 +58,10 @@ QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
 POLL_CAP_S = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
 IDLE_GAP_S = 100e-6
-"""Loop iterations closer together than this mean the loop is only spinning for fences."""
+"""Loop iterations this close together (smoothed) mean the loop only spins for fences."""
+SWEEP_LIMIT = 16
+"""The most fences one sweep of a queue finishes: each wakes a task that runs in the same
+loop pass, and a bounded pass keeps the loop responsive to everything else."""
 
 
 def is_sticky(error: BaseException) -> bool:
@@ -315,6 +318,7 @@ class Scheduler:
         self.watched: dict[Any, float] = {}
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
+        self.sweep_gap = POLL_CAP_S
         self.leader = False
         """True while a task awaiting a completion sweeps in place of the tick."""
         self.tick_scheduled = False
@@ -506,11 +510,14 @@ class Scheduler:
         not finish anything sooner than the loop's next iteration anyway.
         """
         now = time.perf_counter()
-        idle = now - self.last_sweep < IDLE_GAP_S
+        # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
+        gap = min(now - self.last_sweep, POLL_CAP_S)
+        self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
+        idle = gap < IDLE_GAP_S
         self.last_sweep = now
         watched = self.watched
         for queue, deadline in list(watched.items()):
-            if not queue.sweep() or (expire and idle and now > deadline):
+            if not queue.sweep(SWEEP_LIMIT) or (expire and idle and now > deadline):
                 del watched[queue]
                 queue.unwatch()
 
