@@ -245,10 +245,6 @@ class LaneRunner:
         self.closing = False
         self.busy = False
 
-    @property
-    def idle(self) -> bool:
-        return not self.items and not self.busy
-
     def push(self, run: RegionRun) -> None:
         self.items.append(run)
         if self.wakeup is not None:
