@@ -382,7 +382,8 @@ class StreamFences:
         self.watched = False
         self._last_finished = 0.0
         self._waiting_on: StreamFence | None = None
-        self._parked: list[Any] = []
+        self._parked = False
+        """The waiter's fence was finished meanwhile: the waiter gives back its event."""
         self._waiter = FenceWaiter(self, device, name)
 
     def add(self, fence: StreamFence) -> None:
@@ -445,7 +446,7 @@ class StreamFences:
                 self._last_finished = now
             pending.popleft()
             if fence is self._waiting_on:
-                self._parked.append(fence._event)
+                self._parked = True
             else:
                 self.pool.give(fence._event)
             if callbacks:
@@ -459,7 +460,7 @@ class StreamFences:
         with self.lock:
             if self.watched:
                 return None
-            finished = self._collect(None, None) if self.pending and self.pending[0]._done else []
+            finished = self._collect(None, None)
             head = self.pending[0] if self.pending else None
             self._waiting_on = head
         _run_callbacks(finished)
@@ -469,9 +470,9 @@ class StreamFences:
         """The native wait on `head` returned: finish it and everything completed after it."""
         with self.lock:
             self._waiting_on = None
-            for event in self._parked:
-                self.pool.give(event)
-            self._parked.clear()
+            if self._parked:
+                self._parked = False
+                self.pool.give(head._event)
             finished = self._collect(head, error)
         _run_callbacks(finished)
 
