@@ -401,13 +401,13 @@ class StreamFences:
         if self.pending:
             self._waiter.wake()
 
-    def sweep(self, limit: int) -> bool:
-        """Finish up to `limit` fences whose work completed, from the head; True while any
-        remain."""
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        """Finish up to `limit` fences whose work completed, from the head: (how many
+        were finished, whether any remain)."""
         with self.lock:
             finished = self._collect(None, None, limit)
         _run_callbacks(finished)
-        return bool(self.pending)
+        return len(finished), bool(self.pending)
 
     def finish_early(self, fence: StreamFence, error: BaseException | None) -> None:
         """`fence` was found complete out of order; it leaves the deque at the next sweep."""
@@ -708,7 +708,7 @@ class StreamQueue:
     def unwatch(self) -> None:
         self.fences.unwatch()
 
-    def sweep(self, limit: int) -> bool:
+    def sweep(self, limit: int) -> tuple[int, bool]:
         return self.fences.sweep(limit)
 
     def close(self) -> None:

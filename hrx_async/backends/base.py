@@ -99,8 +99,8 @@ class WatchedQueue(LaneQueue, Protocol):
         """The loop stops sweeping; the queue's waiter finishes what is left."""
         ...
 
-    def sweep(self, limit: int) -> bool:
-        """Finish up to `limit` fences whose work completed; True while any remain."""
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        """Finish up to `limit` fences whose work completed: (how many, whether any remain)."""
         ...
 
 

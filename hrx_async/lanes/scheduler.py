@@ -60,8 +60,8 @@ POLL_CAP_S = 0.001
 IDLE_GAP_S = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
 SWEEP_LIMIT = 16
-"""The most fences one sweep of a queue finishes: each wakes a task that runs in the same
-loop pass, and a bounded pass keeps the loop responsive to everything else."""
+"""The most fences one loop pass finishes: each wakes a task that runs in the next pass,
+and a bounded pass keeps the loop responsive to everything else."""
 
 
 def is_sticky(error: BaseException) -> bool:
@@ -189,6 +189,7 @@ class Submission:
         "remaining",
         "runs",
         "scheduler",
+        "skipped",
     )
 
     def __init__(self, scheduler: Scheduler, label: str, after: tuple[Completion, ...]) -> None:
@@ -200,6 +201,8 @@ class Submission:
         self.device_error: BaseException | None = None
         self.runs: list[RegionRun] = []
         self.remaining = 0
+        self.skipped = False
+        """Some region was skipped (cancelled before it ran)."""
         self.completion = Completion(label, self, scheduler.asyncio_loop)
 
     def sweep(self) -> bool:
@@ -315,6 +318,8 @@ class Scheduler:
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
+        self.sweep_budget = SWEEP_LIMIT
+        """Fences the current loop pass may still finish."""
         self.leader = False
         """True while a task awaiting a completion sweeps in place of the tick."""
         self.tick_scheduled = False
@@ -465,30 +470,36 @@ class Scheduler:
         self._launch(run, waits)
 
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
-        """Hand `run` to its queue (device-side waits first) and start watching its fence."""
+        """Hand `run` to its queue (device-side waits first) and start watching its fence.
+
+        The launch comes first and the bookkeeping after it, which then overlaps the
+        device's work instead of delaying it.
+        """
         run.state = ISSUED
         run.started_at = now = time.perf_counter()
         provider = run.provider
         queue: LaneQueue = provider.queue(run.key)  # type: ignore[attr-defined]
         budget_us: float = getattr(provider, "poll_budget_us", 0.0)
-        if budget_us > 0:
-            # Watch before submitting, so the queue's waiter thread never starts on this fence.
-            expected = run.estimates[run.plan.index]
-            deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
-            watched = self.watched
-            current = watched.get(queue)
-            if current is None:
-                queue.watch()  # type: ignore[attr-defined]
-                watched[queue] = deadline
-                self._schedule_tick()
-            elif deadline > current:
-                watched[queue] = deadline
+        watched = self.watched
+        newly_watched = budget_us > 0 and queue not in watched
+        if newly_watched:
+            queue.watch()  # type: ignore[attr-defined]  # so its waiter never starts on this fence
         try:
             fence = queue.submit(run.program, waits, run.failure_of_dependencies)
         except BaseException as exc:
+            if newly_watched:
+                queue.unwatch()  # type: ignore[attr-defined]
             self.finish(run, exc)
             return
         run.fence = fence
+        if budget_us > 0:
+            expected = run.estimates[run.plan.index]
+            deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+            if newly_watched:
+                watched[queue] = deadline
+                self._schedule_tick()
+            elif deadline > watched[queue]:
+                watched[queue] = deadline
         waiters = run.issued_waiters
         if waiters is not None:
             run.issued_waiters = None
@@ -498,24 +509,43 @@ class Scheduler:
 
     # -- watching queues -------------------------------------------------------
 
-    def sweep_watched(self, expire: bool) -> None:
-        """Finish what completed on every watched queue; with `expire`, hand back overdue ones.
+    def sweep_watched(self, new_pass: bool) -> None:
+        """Finish what completed on the watched queues, within this loop pass's budget.
 
-        A queue is handed back to its waiter only while the loop is idle (iterations
-        close together): a busy loop sweeps at no cost worth saving, and a thread could
-        not finish anything sooner than the loop's next iteration anyway.
+        `new_pass` is once per loop iteration (the tick, the trio watcher or the leader):
+        it refills the budget, updates the idleness gauge and hands overdue queues back
+        to their waiters. The sweeps of tasks about to suspend spend what is left of it,
+        so however many tasks await, one pass finishes at most `SWEEP_LIMIT` fences.
+
+        A queue is handed back only while the loop is idle (iterations close together):
+        a busy loop sweeps at no cost worth saving, and a thread could not finish
+        anything sooner than the loop's next iteration anyway.
         """
         now = time.perf_counter()
-        # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
-        gap = min(now - self.last_sweep, POLL_CAP_S)
-        self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
-        idle = gap < IDLE_GAP_S
-        self.last_sweep = now
+        idle = False
+        if new_pass:
+            # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
+            gap = min(now - self.last_sweep, POLL_CAP_S)
+            self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
+            idle = gap < IDLE_GAP_S
+            self.last_sweep = now
+            self.sweep_budget = SWEEP_LIMIT
+        budget = self.sweep_budget
+        if budget <= 0:
+            return
         watched = self.watched
         for queue, deadline in list(watched.items()):
-            if not queue.sweep(SWEEP_LIMIT) or (expire and idle and now > deadline):
+            finished, remaining = queue.sweep(budget)
+            budget -= finished
+            if not remaining or (idle and now > deadline):
                 del watched[queue]
                 queue.unwatch()
+            if budget <= 0:
+                if queue in watched:  # the others get the first turn next pass
+                    del watched[queue]
+                    watched[queue] = deadline
+                break
+        self.sweep_budget = budget
 
     def _schedule_tick(self) -> None:
         loop = self.asyncio_loop
@@ -604,6 +634,7 @@ class Scheduler:
                 self.poison(plan, error if isinstance(error, PoisonedError) else submission.error)
         elif skipped:
             run.state = SKIPPED
+            submission.skipped = True
         else:
             run.state = DONE
             started = run.started_at
@@ -660,7 +691,7 @@ class Scheduler:
 
     def _finish_submission(self, submission: Submission) -> None:
         error = submission.error
-        if error is None and any(run.state == SKIPPED for run in submission.runs):
+        if error is None and submission.skipped:
             error = Cancelled(f"submission of {submission.label!r} was cancelled")
         submission.runs = []
         self.counters.completions += 1
