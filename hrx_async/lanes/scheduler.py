@@ -14,9 +14,10 @@ Queues of backends with a poll budget (the GPU streams) are *watched*
 instead: the loop sweeps them once per iteration (and the awaiting task once
 before it suspends), so a completion costs no thread hop and no contention for
 the interpreter lock. All the sweeps of one loop pass share one budget of
-`SWEEP_LIMIT` fences, so the pass stays short however many tasks await. A watched queue is handed back to its own waiter thread
-only when the loop has nothing else to do and the work is overdue: beyond the
-region's usual duration plus the budget, at most `POLL_CAP_S`.
+`SWEEP_LIMIT` fences, so the pass stays short however many tasks await. A
+watched queue is handed back to its own waiter thread only when the loop has
+nothing else to do and the work is overdue: beyond the region's usual duration
+plus the budget, at most `POLL_CAP_S`.
 """
 
 from __future__ import annotations
