@@ -101,6 +101,10 @@ class AccessTracker(Generic[U]):
         """The number of allocations with at least one segment."""
         return len(self._allocs)
 
+    def untouched(self, allocation: Hashable) -> bool:
+        """True when no access to `allocation` is registered: a new one would wait for nobody."""
+        return allocation not in self._allocs
+
     def segments(self, allocation: Hashable) -> list[tuple[int, int, U | None, frozenset[U]]]:
         """The ``(start, end, writer, readers)`` segments of `allocation`, sorted by start."""
         alloc = self._allocs.get(allocation)

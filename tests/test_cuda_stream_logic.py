@@ -358,6 +358,69 @@ async def test_device_side_waits_order_lanes_without_the_host(host_table: HostTa
                 assert bytes(memory) == bytes([value]) * n
 
 
+async def test_work_launched_before_its_bookkeeping_still_orders_later_work(
+    host_table: HostTable,
+) -> None:
+    # A lone region on an idle stream whose bytes nothing else uses is launched before
+    # its submission is recorded; the record must still follow, or the copy below would
+    # not wait for the fill.
+    n = 4096
+    async with hrx.Runtime(backend="fake") as rt:
+        device = rt.allocate(n, hrx.GPU_LOCAL)
+        out = rt.allocate(n, hrx.HOST_VISIBLE)
+        fills = []
+        for value in (1, 2):
+            graph = rt.graph(f"fill{value}")
+            graph.fill(device.view(), value)
+            fills.append(graph.prepare())
+        copy = rt.graph("copy")
+        copy.copy(out.view(), device.view())
+        download = copy.prepare()
+        for prepared in (*fills, download):  # every lane exists and is idle
+            await prepared.submit()
+        host_table.delay = 0.003  # the fill is slower than the copy after it
+        for round_ in range(4):
+            value = 1 + round_ % 2
+            fills[value - 1].submit()
+            await download.submit()
+            async with out.map_read() as memory:
+                assert bytes(memory) == bytes([value]) * n
+
+
+async def test_a_launch_that_fails_before_its_bookkeeping_fails_only_its_submission(
+    host_table: HostTable,
+) -> None:
+    async with hrx.Runtime(backend="fake") as rt:
+        target = rt.allocate(64, hrx.GPU_LOCAL)
+        out = rt.allocate(64, hrx.HOST_VISIBLE)
+        fill = rt.graph("fill")
+        fill.fill(target.view(), 5)
+        prepared = fill.prepare()
+        read = rt.graph("read")
+        read.copy(out.view(), target.view())
+        reader = read.prepare()
+        await prepared.submit()
+        launch = host_table.graph_launch
+
+        def failing_launch(graph_exec: tuple[Op, ...], stream: FakeStream) -> None:
+            host_table.graph_launch = launch  # type: ignore[method-assign]
+            raise make_error(
+                "fake", "graphLaunch", "fakeErrorLaunchOutOfResources", "", frozenset()
+            )
+
+        host_table.graph_launch = failing_launch  # type: ignore[method-assign]
+        with pytest.raises(hrx.ExecutionError) as caught:
+            await prepared.submit()
+        assert "fakeErrorLaunchOutOfResources" in str(caught.value.__cause__)
+        assert rt.healthy
+        with pytest.raises(hrx.PoisonedError):
+            reader.submit()  # what the failed fill wrote is undefined
+        await prepared.submit()  # a full overwrite makes it defined again
+        await reader.submit()
+        async with out.map_read() as memory:
+            assert bytes(memory) == bytes([5]) * 64
+
+
 async def test_cancelled_and_refused_regions_get_finished_fences(host_table: HostTable) -> None:
     host_table.delay = 0.01
     async with hrx.Runtime(backend="fake") as rt:

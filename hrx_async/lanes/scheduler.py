@@ -54,7 +54,7 @@ from .notify import LoopNotifier
 
 if TYPE_CHECKING:
     from ..backends.base import Fence, LaneQueue
-    from ..prepared import PreparedGraph
+    from ..prepared import PreparedGraph, ReplayStep
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
 POLL_CAP_S = 0.001
@@ -64,6 +64,11 @@ IDLE_GAP_S = 100e-6
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
+
+
+def _nothing_to_refuse() -> BaseException | None:
+    """The preflight of a region launched before it had a submission: nothing can fail it."""
+    return None
 
 
 def is_sticky(error: BaseException) -> bool:
@@ -358,11 +363,22 @@ class Scheduler:
                 f"{self.max_submissions}); await one or use submit()"
             )
 
+        admit_now = self.in_flight < self.max_submissions and not self.waiting
+        early: Fence | BaseException | None = None
+        started = 0.0
+        steps = prepared.steps
+        if admit_now and not after_items and len(steps) == 1:
+            started = time.perf_counter()
+            try:
+                early = self._launch_first(steps[0], prepared.estimates)
+            except BaseException as exc:  # launched and failed: the region fails below
+                early = exc
+
         submission = Submission(self, prepared.plan.label, after_items)
         record = self.tracker.record
         estimates = prepared.estimates
         runs = submission.runs
-        for region, program, provider, key, accesses in prepared.steps:
+        for region, program, provider, key, accesses in steps:
             run = RegionRun(submission, region, program, provider, estimates, key)
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
@@ -380,11 +396,41 @@ class Scheduler:
             buffer.poison = None
         self.counters.submissions += 1
         self.live += 1
-        if self.in_flight < self.max_submissions and not self.waiting:
+        if early is not None:
+            self.in_flight += 1
+            submission.completion.submitted_at = started  # it was submitted before it existed
+            run = runs[0]
+            run.state = ISSUED
+            run.started_at = started
+            if isinstance(early, BaseException):
+                self.finish(run, early)
+            else:
+                self._attach(run, early)
+        elif admit_now:
             self._admit(submission)
         else:
             self.waiting.append(submission)
         return submission.completion
+
+    def _launch_first(self, step: ReplayStep, estimates: list[float]) -> Fence | None:
+        """Launch a lone region before any bookkeeping, when nothing can come before it.
+
+        Only on a device stream (watched queues: they issue at once, so cancelling
+        could not skip the work anyway), on an idle lane, and when no earlier work
+        still uses any of its bytes. The bookkeeping that follows then overlaps the
+        device's work instead of delaying it. None when the region does not qualify.
+        """
+        region, program, provider, key, accesses = step
+        if getattr(provider, "poll_budget_us", 0.0) <= 0:
+            return None
+        lane = self.lanes.get(key)
+        if lane is None or lane.items or lane.busy:
+            return None
+        untouched = self.tracker.untouched
+        for access in accesses:
+            if not untouched(access[0]):
+                return None
+        return self._issue(provider, key, program, (), _nothing_to_refuse, region.index, estimates)
 
     def _refuse(self) -> None:
         if self.closed:
@@ -472,36 +518,66 @@ class Scheduler:
         self._launch(run, waits)
 
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
-        """Hand `run` to its queue (device-side waits first) and start watching its fence.
-
-        The launch comes first and the bookkeeping after it, which then overlaps the
-        device's work instead of delaying it.
-        """
+        """Hand `run` to its queue (device-side waits first) and follow its fence."""
         run.state = ISSUED
-        run.started_at = now = time.perf_counter()
-        provider = run.provider
-        queue: LaneQueue = provider.queue(run.key)  # type: ignore[attr-defined]
+        run.started_at = time.perf_counter()
+        try:
+            fence = self._issue(
+                run.provider,
+                run.key,
+                run.program,
+                waits,
+                run.failure_of_dependencies,
+                run.plan.index,
+                run.estimates,
+            )
+        except BaseException as exc:
+            self.finish(run, exc)
+            return
+        self._attach(run, fence)
+
+    def _issue(
+        self,
+        provider: Any,
+        key: tuple[Lane, int],
+        program: Any,
+        waits: Sequence[Fence],
+        preflight: Callable[[], BaseException | None],
+        index: int,
+        estimates: list[float],
+    ) -> Fence:
+        """Submit `program` to its queue, then start watching the queue if it is a stream.
+
+        The launch comes first and the watch bookkeeping after it, which then overlaps
+        the device's work instead of delaying it.
+        """
+        queue: LaneQueue = provider.queue(key)
         budget_us: float = getattr(provider, "poll_budget_us", 0.0)
         watched = self.watched
         newly_watched = budget_us > 0 and queue not in watched
         if newly_watched:
             queue.watch()  # type: ignore[attr-defined]  # so its waiter never starts on this fence
         try:
-            fence = queue.submit(run.program, waits, run.failure_of_dependencies)
-        except BaseException as exc:
+            fence = queue.submit(program, waits, preflight)
+        except BaseException:
             if newly_watched:
                 queue.unwatch()  # type: ignore[attr-defined]
-            self.finish(run, exc)
-            return
-        run.fence = fence
+            raise
         if budget_us > 0:
-            expected = run.estimates[run.plan.index]
-            deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+            # An idle loop keeps sweeping until the region is overdue (see sweep_watched).
+            expected = estimates[index]
+            deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
             if newly_watched:
                 watched[queue] = deadline
                 self._schedule_tick()
             elif deadline > watched[queue]:
                 watched[queue] = deadline
+        return fence
+
+    @staticmethod
+    def _attach(run: RegionRun, fence: Fence) -> None:
+        """`run` was issued as `fence`: wake who waits for that, and follow the fence."""
+        run.fence = fence
         waiters = run.issued_waiters
         if waiters is not None:
             run.issued_waiters = None
