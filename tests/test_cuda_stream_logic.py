@@ -378,6 +378,12 @@ async def test_work_launched_before_its_bookkeeping_still_orders_later_work(
         download = copy.prepare()
         for prepared in (*fills, download):  # every lane exists and is idle
             await prepared.submit()
+        both = []
+        for value in (3, 4):  # the first region launches early, the second depends on it
+            graph = rt.graph(f"fill{value}-copy")
+            graph.fill(device.view(), value)
+            graph.copy(out.view(), device.view())
+            both.append(graph.prepare())
         host_table.delay = 0.003  # the fill is slower than the copy after it
         for round_ in range(4):
             value = 1 + round_ % 2
@@ -385,6 +391,9 @@ async def test_work_launched_before_its_bookkeeping_still_orders_later_work(
             await download.submit()
             async with out.map_read() as memory:
                 assert bytes(memory) == bytes([value]) * n
+            await both[round_ % 2].submit()
+            async with out.map_read() as memory:
+                assert bytes(memory) == bytes([3 + round_ % 2]) * n
 
 
 async def test_a_launch_that_fails_before_its_bookkeeping_fails_only_its_submission(

@@ -367,11 +367,11 @@ class Scheduler:
         early: Fence | BaseException | None = None
         started = 0.0
         steps = prepared.steps
-        if admit_now and not after_items and len(steps) == 1:
+        if admit_now and not after_items:
             started = time.perf_counter()
             try:
                 early = self._launch_first(steps[0], prepared.estimates)
-            except BaseException as exc:  # launched and failed: the region fails below
+            except BaseException as exc:  # launched and failed: the region fails in _admit
                 early = exc
 
         submission = Submission(self, prepared.plan.label, after_items)
@@ -397,15 +397,8 @@ class Scheduler:
         self.counters.submissions += 1
         self.live += 1
         if early is not None:
-            self.in_flight += 1
             submission.completion.submitted_at = started  # it was submitted before it existed
-            run = runs[0]
-            run.state = ISSUED
-            run.started_at = started
-            if isinstance(early, BaseException):
-                self.finish(run, early)
-            else:
-                self._attach(run, early)
+            self._admit(submission, early, started)
         elif admit_now:
             self._admit(submission)
         else:
@@ -413,7 +406,8 @@ class Scheduler:
         return submission.completion
 
     def _launch_first(self, step: ReplayStep, estimates: list[float]) -> Fence | None:
-        """Launch a lone region before any bookkeeping, when nothing can come before it.
+        """Launch a graph's first region before any bookkeeping, when nothing can come
+        before it; `_admit` would issue it at once anyway.
 
         Only on a device stream (watched queues: they issue at once, so cancelling
         could not skip the work anyway), on an idle lane, and when no earlier work
@@ -442,11 +436,28 @@ class Scheduler:
             "use anyio.from_thread.run_sync(prepared.submit) or BlockingRuntime"
         )
 
-    def _admit(self, submission: Submission) -> None:
+    def _admit(
+        self,
+        submission: Submission,
+        first: Fence | BaseException | None = None,
+        started: float = 0.0,
+    ) -> None:
+        """Issue what can go now and queue the rest on its lanes. `first` is the first
+        region's fence (or launch failure) when `_launch_first` already launched it."""
         self.in_flight += 1
         lanes = self.lanes
         direct = not submission.after and self.lost is None
-        for run in submission.runs:
+        runs = submission.runs
+        if first is not None:
+            run = runs[0]
+            run.state = ISSUED
+            run.started_at = started
+            if isinstance(first, BaseException):
+                self.finish(run, first)
+            else:
+                self._attach(run, first)
+            runs = runs[1:]
+        for run in runs:
             key = run.key
             lane = lanes.get(key)
             if lane is None:
