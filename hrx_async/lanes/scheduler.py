@@ -424,7 +424,8 @@ class Scheduler:
         for access in accesses:
             if not untouched(access[0]):
                 return None
-        return self._issue(provider, key, program, (), _nothing_to_refuse, region.index, estimates)
+        expected = estimates[region.index]
+        return self._issue(provider, key, program, (), _nothing_to_refuse, expected)
 
     def _refuse(self) -> None:
         if self.closed:
@@ -539,8 +540,7 @@ class Scheduler:
                 run.program,
                 waits,
                 run.failure_of_dependencies,
-                run.plan.index,
-                run.estimates,
+                run.estimates[run.plan.index],
             )
         except BaseException as exc:
             self.finish(run, exc)
@@ -554,10 +554,10 @@ class Scheduler:
         program: Any,
         waits: Sequence[Fence],
         preflight: Callable[[], BaseException | None],
-        index: int,
-        estimates: list[float],
+        expected: float,
     ) -> Fence:
-        """Submit `program` to its queue, then start watching the queue if it is a stream.
+        """Submit `program` to its queue, then start watching the queue if it is a stream
+        (for about `expected` seconds, the region's learned duration).
 
         The launch comes first and the watch bookkeeping after it, which then overlaps
         the device's work instead of delaying it.
@@ -576,7 +576,6 @@ class Scheduler:
             raise
         if budget_us > 0:
             # An idle loop keeps sweeping until the region is overdue (see sweep_watched).
-            expected = estimates[index]
             deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
             if newly_watched:
                 watched[queue] = deadline
