@@ -3,7 +3,10 @@
 POST /v1/transform takes a vector, either as JSON (`{"values": [...]}`) or as
 raw bytes (`Content-Type: application/octet-stream`, element type in the
 `X-Dtype` header: float32, float64 or int32), and returns
-`clip(2 * x + 1, 0, 6)` in the same form (binary answers are float32). The
+`clip(2 * x + 1, 0, 6)` in the same form (binary answers are float32). A JSON
+body may declare its values' `dtype` (float32 by default): each value must fit it
+(int32: a whole number in int32's range) and be a finite float32, which the
+service computes in; one that does not is refused, never wrapped or clamped. The
 work is a prepared graph:
 
     upload (host staging -> GPU) -> GPU kernel 2x+1 -> NPU kernel clip(.., 0, 6)
@@ -15,8 +18,8 @@ classes that fits them. Each class has a pool of slots (own buffers and graphs,
 built on first use, so serving allocates nothing after warm-up) and a batcher:
 requests that arrive while every slot is busy share the next submission, each
 at its own offset in the slot's staging. Bad input is refused with a 4xx before
-it reaches the runtime. `/healthz`, `/stats` and `/metrics` come from
-`RuntimeService.add_routes`.
+it reaches the runtime, and a client that goes away mid-body is let go quietly.
+`/healthz`, `/stats` and `/metrics` come from `RuntimeService.add_routes`.
 
 Run it:  python examples/service.py --port 8000 [--backend sim|cuda|hip|auto]
 or:      uvicorn --app-dir examples service:app   (HRX_BACKEND, HRX_SLOTS, HRX_BATCH)
@@ -37,6 +40,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 import hrx_async as hrx
 from hrx_async.serve import RuntimeService
@@ -55,6 +59,8 @@ DTYPES: dict[str, np.dtype[Any]] = {
 MAX_BODY_BYTES = MAX_VALUES * 24
 """Raw bytes of the largest float64 vector, or a JSON list of MAX_VALUES numbers written
 with up to 23 characters each."""
+MAX_JSON_DEPTH = 2
+"""An object holding a flat list: arrays and objects nest no deeper in a JSON body."""
 
 SCALE_SHIFT_CXX = r"""
 extern "C" __global__ void scale_shift(const float* x, float* y) {
@@ -103,10 +109,62 @@ Vector = np.ndarray[Any, np.dtype[Any]]
 """A validated request vector: float32, float64 or int32, every value a finite float32."""
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT32 = np.iinfo(np.int32)
+
+_BRACKET_STEP = np.zeros(256, np.int8)
+_BRACKET_STEP[[ord("["), ord("{")]] = 1
+_BRACKET_STEP[[ord("]"), ord("}")]] = -1
+
+
+def _show(value: object, limit: int = 40) -> str:
+    """A value for an error message, cut short: a client's value can be megabytes long."""
+    if isinstance(value, list | dict):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    text = repr(value)
+    if isinstance(value, int) and len(text) > limit:
+        return f"an integer of {len(text.lstrip('-'))} digits"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def json_depth(body: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text, brackets inside strings not counted.
+
+    In numpy, without parsing: the parser recurses once per level, and this costs about as
+    much for a hostile body as parsing a valid one of the same size.
+    """
+    text = np.frombuffer(body, np.uint8)
+    delimiters = text == ord('"')
+    if b"\\" in body:
+        # A quote is part of a string, not its end, when an odd run of backslashes comes
+        # right before it.
+        positions = np.arange(text.size, dtype=np.int32)
+        last_plain = np.maximum.accumulate(np.where(text == ord("\\"), -1, positions))
+        quotes = np.flatnonzero(delimiters)
+        run = quotes - 1 - last_plain[np.maximum(quotes - 1, 0)]
+        delimiters[quotes[(quotes > 0) & (run % 2 == 1)]] = False
+    # After an odd number of delimiters, a byte is inside a string.
+    inside = np.bitwise_xor.accumulate(delimiters.view(np.uint8)).view(np.bool_)
+    steps = _BRACKET_STEP[text]
+    steps = steps[(steps != 0) & ~inside].astype(np.int32)
+    return int(np.cumsum(steps, out=steps).max(initial=0))
+
+
+def check_json_depth(body: bytes) -> None:
+    """Refuse a body whose arrays and objects nest deeper than MAX_JSON_DEPTH."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return  # it cannot nest deeper: the usual body takes only this check
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise PayloadError(
+            422,
+            f"JSON body nests arrays/objects {depth} deep; at most {MAX_JSON_DEPTH} allowed "
+            '(an object with a flat "values" list of numbers)',
+        )
 
 
 def parse_json(body: bytes) -> Vector:
     """`{"values": [numbers], "dtype": "float32"}` (dtype optional) -> a validated vector."""
+    check_json_depth(body)
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -114,22 +172,55 @@ def parse_json(body: bytes) -> Vector:
     if not isinstance(document, dict) or not isinstance(document.get("values"), list):
         raise PayloadError(422, 'JSON body must be an object with a "values" list of numbers')
     dtype = document.get("dtype", "float32")
-    if dtype not in DTYPES:
-        raise PayloadError(422, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise PayloadError(422, f"dtype must be one of {', '.join(DTYPES)}, got {_show(dtype)}")
+    integral = DTYPES[dtype].kind == "i"
+    low, high = (_INT32.min, _INT32.max) if integral else (-_FLOAT32_MAX, _FLOAT32_MAX)
     values = document["values"]
     _check_count(len(values))
     for index, value in enumerate(values):
         # bool is an int; a true/false in a vector of numbers is a client bug.
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PayloadError(422, f"values[{index}] must be a number, got {value!r}")
-    return _check_values(np.asarray(values, dtype=np.float64))
+            raise PayloadError(422, f"values[{index}] must be a number, got {_show(value)}")
+        # Python ints have no size limit, so they are checked here, before any conversion.
+        if isinstance(value, int) and not low <= value <= high:
+            raise PayloadError(422, f"values[{index}] = {_show(value)} {_range_text(dtype)}")
+    vector = np.asarray(values, dtype=np.float64)
+    if integral:
+        return _check_int32(vector)
+    return _check_values(vector)
+
+
+def _range_text(dtype: str) -> str:
+    if dtype == "int32":
+        return f"is out of range for int32 ({_INT32.min}..{_INT32.max})"
+    return f"is out of float32's range (magnitude at most {_FLOAT32_MAX:.8g})"
+
+
+def _check_int32(values: Vector) -> Vector:
+    """float64 values declared int32: each must be a whole number in int32's range."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((values >= _INT32.min) & (values <= _INT32.max) & (values == np.trunc(values)))
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        value = values[index].item()
+        if not math.isfinite(value):
+            problem = "is not a finite number"
+        elif not _INT32.min <= value <= _INT32.max:
+            problem = _range_text("int32")
+        else:
+            problem = "is not a whole number, as int32 values are"
+        raise PayloadError(422, f"values[{index}] = {_show(value)} {problem}")
+    return values.astype(np.int32)
 
 
 def parse_binary(body: bytes, dtype_name: str) -> Vector:
     """Raw little-endian elements of `dtype_name` -> a validated vector over `body` (no copy)."""
     dtype = DTYPES.get(dtype_name)
     if dtype is None:
-        raise PayloadError(422, f"X-Dtype must be one of {', '.join(DTYPES)}, got {dtype_name!r}")
+        raise PayloadError(
+            422, f"X-Dtype must be one of {', '.join(DTYPES)}, got {_show(dtype_name)}"
+        )
     if len(body) % dtype.itemsize:
         raise PayloadError(
             422, f"body has {len(body)} bytes, not a whole number of {dtype_name} elements"
@@ -171,11 +262,16 @@ async def read_payload(request: Request) -> tuple[Vector, bool]:
         raise PayloadError(413, f"body of {declared} bytes exceeds {MAX_BODY_BYTES} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadError(413, f"body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise PayloadError(413, f"body exceeds {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # A client going away is no server error, so no traceback; the server drops
+        # this answer, as nobody is left to read it.
+        raise PayloadError(400, "the client disconnected before the body was complete") from None
     body = b"".join(chunks)
     if kind == "application/json":
         return parse_json(body), False

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -175,6 +179,97 @@ BAD_PAYLOADS: list[tuple[str, dict[str, Any], int]] = [
 ]
 
 
+def json_body(text: bytes) -> dict[str, Any]:
+    return {"content": text, "headers": {"content-type": "application/json"}}
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+# Refused with the status and a detail that names the problem.
+REFUSED: list[tuple[str, dict[str, Any], int, str]] = [
+    (
+        "deeply nested values",
+        json_body(b'{"values": ' + DEEP + b"}"),
+        422,
+        "nests arrays/objects 100001 deep; at most 2 allowed",
+    ),
+    (
+        "deeply nested elsewhere",
+        json_body(b'{"values": [1], "meta": ' + DEEP + b"}"),
+        422,
+        "nests arrays/objects 100001 deep",
+    ),
+    (
+        "deeply nested objects",
+        json_body(b'{"values": [1], "m": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"}"),
+        422,
+        "nests arrays/objects 50001 deep",
+    ),
+    ("nested 3 deep", {"json": {"values": [1.0, [2.0]]}}, 422, "nests arrays/objects 3 deep"),
+    (
+        "an integer beyond 64 bits",
+        {"json": {"values": [1.0, 10**400]}},
+        422,
+        "values[1] = an integer of 401 digits is out of float32's range",
+    ),
+    (
+        "an integer beyond 64 bits for int32",
+        {"json": {"values": [-(10**50)], "dtype": "int32"}},
+        422,
+        "values[0] = an integer of 51 digits is out of range for int32",
+    ),
+    (
+        "dtype not a string",
+        {"json": {"values": [1], "dtype": ["int32"]}},
+        422,
+        "dtype must be one of float32, float64, int32, got a JSON array",
+    ),
+    (
+        "dtype an object",
+        {"json": {"values": [1], "dtype": {"name": "int32"}}},
+        422,
+        "got a JSON object",
+    ),
+    (
+        "int32 above its range",
+        {"json": {"values": [0, 2**31], "dtype": "int32"}},
+        422,
+        "values[1] = 2147483648 is out of range for int32 (-2147483648..2147483647)",
+    ),
+    (
+        "int32 below its range",
+        {"json": {"values": [-(2**31) - 1], "dtype": "int32"}},
+        422,
+        "values[0] = -2147483649 is out of range for int32",
+    ),
+    (
+        "int32 as a float above its range",
+        {"json": {"values": [1, 3e9], "dtype": "int32"}},
+        422,
+        "values[1] = 3000000000.0 is out of range for int32",
+    ),
+    (
+        "int32 not whole",
+        {"json": {"values": [1, 2, 2.5], "dtype": "int32"}},
+        422,
+        "values[2] = 2.5 is not a whole number",
+    ),
+    (
+        "int32 infinite",
+        json_body(b'{"values": [1e400], "dtype": "int32"}'),
+        422,
+        "values[0] = inf is not a finite number",
+    ),
+    (
+        "a long string",
+        {"json": {"values": [1, "x" * 100_000]}},
+        422,
+        "values[1] must be a number, got 'xxxx",
+    ),
+]
+BAD_PAYLOADS += [(name, request, status) for name, request, status, _ in REFUSED]
+
+
 async def test_bad_payloads_get_4xx_and_leave_the_runtime_alone(anyio_backend: str) -> None:
     async with serving() as (_, client, service):
         for warm in (False, True):
@@ -188,6 +283,96 @@ async def test_bad_payloads_get_4xx_and_leave_the_runtime_alone(anyio_backend: s
                 assert response.json()["detail"], name
             assert service.statistics() == before
             assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_refusals_say_what_is_wrong(anyio_backend: str) -> None:
+    async with serving() as (_, client, service):
+        before = service.statistics()
+        for name, request, status, reason in REFUSED:
+            response = await client.post("/v1/transform", **request)
+            assert response.status_code == status, (name, response.text)
+            detail = response.json()["detail"]
+            assert reason in detail, (name, detail)
+            assert len(detail) < 200, (name, detail)  # a client's huge value is not echoed
+        assert service.statistics() == before
+
+
+async def test_values_that_fit_the_declared_dtype_are_served(anyio_backend: str) -> None:
+    documents: list[dict[str, Any]] = [
+        {"values": [-(2**31), 2**31 - 1, 7, 2.0, -3.0, 0], "dtype": "int32"},
+        {"values": [2**70, -(2**100), 0.25, 1]},
+        {"values": [1e38, -1e-45, 3], "dtype": "float64"},
+        # Brackets inside strings are no nesting; a flat list beside "values" is fine.
+        {"values": [1.5, -2], "note": '[[[{{{ \\" ]]] "[[', "tags": ["a[", "]b"]},
+    ]
+    async with serving() as (example, client, _):
+        for document in documents:
+            response = await client.post("/v1/transform", json=document)
+            assert response.status_code == 200, (document, response.text)
+            expected = example.transform_reference(np.asarray(document["values"], np.float64))
+            got = np.asarray(response.json()["values"], np.float32)
+            np.testing.assert_array_equal(got, expected)
+
+
+def http_scope(content_type: str, length: int) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/transform",
+        "raw_path": b"/v1/transform",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"service"),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(length).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("service", 80),
+    }
+
+
+async def post_then_disconnect(app: Any, content_type: str, chunks: list[bytes]) -> list[Any]:
+    """POST `chunks` of a 100000-byte body, then the client goes; what the app sent back."""
+    incoming = [{"type": "http.request", "body": chunk, "more_body": True} for chunk in chunks]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(http_scope(content_type, 100_000), receive, send)
+    return sent
+
+
+async def test_a_client_gone_mid_body_is_let_go_quietly(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ASGI level: the body stops with `http.disconnect`; the app returns, logs nothing."""
+    caplog.set_level(logging.DEBUG)
+    example = load_example()
+    app = example.create_app("sim", 2, 4)
+    service: RuntimeService[Any] = app.state.service
+    async with app.router.lifespan_context(app):
+        before = service.statistics()
+        for content_type, first in (
+            ("application/json", [b'{"values": [1.0, 2.', b"5, 3"]),
+            ("application/octet-stream", [b"\x00" * 4096]),
+            ("application/json", []),
+        ):
+            caplog.clear()
+            sent = await post_then_disconnect(app, content_type, first)
+            statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
+            assert all(400 <= status < 500 for status in statuses), statuses
+            noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+            assert not noisy, [r.getMessage() for r in noisy]
+        assert service.statistics() == before
+        assert service.health().ok
 
 
 async def test_stats_and_metrics_report_the_runtime(anyio_backend: str) -> None:
@@ -303,7 +488,26 @@ def test_importing_the_package_does_not_import_web_frameworks() -> None:
 # -- a real server --------------------------------------------------------------------------
 
 
-def test_real_server_serves_a_concurrent_burst_and_stops_cleanly() -> None:
+@dataclass
+class RealServer:
+    """The example in uvicorn in a subprocess: its address, its log so far, its exit code."""
+
+    port: int = 0
+    lines: list[str] = field(default_factory=list)
+    code: int | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+@contextmanager
+def real_server() -> Iterator[RealServer]:
+    """Start the example on a free port; stop it with SIGINT when the block ends."""
     pytest.importorskip("uvicorn")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
@@ -313,34 +517,38 @@ def test_real_server_serves_a_concurrent_burst_and_stops_cleanly() -> None:
         text=True,
         env=env,
     )
-    lines: list[str] = []
+    state = RealServer()
     port_found = threading.Event()
-    port: list[int] = []
 
     def pump() -> None:
         assert server.stdout is not None
         for line in server.stdout:
-            lines.append(line)
+            state.lines.append(line)
             match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-            if match and not port:
-                port.append(int(match.group(1)))
+            if match and not port_found.is_set():
+                state.port = int(match.group(1))
                 port_found.set()
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
-        assert port_found.wait(20), "server did not start:\n" + "".join(lines)
-        anyio.run(burst, f"http://127.0.0.1:{port[0]}")
+        assert port_found.wait(20), "server did not start:\n" + state.log
+        yield state
     finally:
         server.send_signal(signal.SIGINT)
         try:
-            code = server.wait(15)
+            state.code = server.wait(15)
         except subprocess.TimeoutExpired:
             server.kill()
             raise
         reader.join(5)
-    log = "".join(lines)
-    assert code == 0, log
+
+
+def test_real_server_serves_a_concurrent_burst_and_stops_cleanly() -> None:
+    with real_server() as server:
+        anyio.run(burst, server.base)
+    log, lines = server.log, server.lines
+    assert server.code == 0, log
     closed = [line for line in lines if "hrx runtime closed" in line]
     assert closed, log
     # The lifespan drained every submission and no runtime thread outlived the runtime.
@@ -349,6 +557,28 @@ def test_real_server_serves_a_concurrent_burst_and_stops_cleanly() -> None:
     )
     assert match is not None, log
     assert match.group(1) == match.group(2) and 0 < int(match.group(1)) <= 96
+
+
+def test_real_server_lets_a_client_gone_mid_body_go_quietly() -> None:
+    """Clients that send part of a body and hang up leave no traceback in uvicorn's log."""
+    with real_server() as server:
+        for content_type, partial in (
+            ("application/json", b'{"values": [1.0, 2.0, 3'),
+            ("application/octet-stream", b"\x00" * 1000),
+        ):
+            head = (
+                "POST /v1/transform HTTP/1.1\r\nHost: service\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: 100000\r\n\r\n"
+            )
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(head.encode() + partial)
+                time.sleep(0.3)  # the handler is reading the body when the client goes
+        # The server still serves, and shutting down waits for the abandoned requests.
+        response = httpx.post(f"{server.base}/v1/transform", json={"values": [1.0]}, timeout=10)
+        assert response.status_code == 200 and response.json() == {"values": [3.0]}
+    assert server.code == 0, server.log
+    assert "Traceback" not in server.log and "Exception in ASGI" not in server.log, server.log
+    assert "drained=True" in server.log, server.log
 
 
 async def burst(base: str) -> None:
