@@ -353,6 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (HrxError, OSError) as exc:
         print(f"hrx-async {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except MemoryError as exc:
+        # The last resort: sizes are checked before allocating, but memory can still run out.
+        detail = f": {exc}" if str(exc) else ""
+        print(f"hrx-async {args.command}: error: out of memory{detail}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"hrx-async {args.command}: interrupted", file=sys.stderr)
         return 130

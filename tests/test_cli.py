@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from hrx_async.cli import build_parser, main
+from hrx_async.errors import ContractError
 from hrx_async.examples._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hrx_async.lanes.lane import Lane
+from hrx_async.runner import kernel_source
 from hrx_async.trace import ExecutionTrace, TraceEvent
 
 # The Chrome trace-event JSON the runtime writes (what Perfetto and chrome://tracing read).
@@ -317,6 +319,8 @@ def test_run_warms_up_once_before_repeated_launches(
         (["--out", "y.bin"], "PATH:BYTES"),
         (["--out", "y.bin:0"], ">= 1"),
         (["--in", "missing.bin"], "no such file"),
+        (["--in", "x.bin", "--out", "nowhere/y.bin:8"], "no such directory 'nowhere'"),
+        (["--in", "x.bin", "--out", ".:8"], "is a directory, not a file"),
         (["--out", "y.bin:8", "--rotate-input", "0:2"], "only --in buffers"),
         (["--in", "x.bin", "--rotate-input", "0:1"], "2..64"),
         (["--in", "x.bin", "--rotate-input", "3:2"], "INDEX"),
@@ -358,6 +362,159 @@ def test_run_rejects_a_kernel_that_is_not_module_function(
     assert "module:function" in capsys.readouterr().err
     assert main([*args, "--kernel", "json:no_such_function"]) == EXIT_USAGE
     assert "no callable 'no_such_function'" in capsys.readouterr().err
+
+
+def run_args(kernel: str, *buffers: str) -> list[str]:
+    return ["run", "--backend", "sim", "--kernel", kernel, "--grid", "1", "--block", "16", *buffers]
+
+
+def one_line(text: str) -> str:
+    assert text.endswith("\n") and text.count("\n") == 1, text
+    return text
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda tmp: "/dev/zero", "a character device"),
+        (lambda tmp: str(tmp), "a directory"),
+        (lambda tmp: (os.mkfifo(tmp / "pipe"), str(tmp / "pipe"))[1], "a FIFO (named pipe)"),
+    ],
+    ids=["device", "directory", "fifo"],
+)
+@pytest.mark.parametrize("kind", ["--in", "--inout"])
+def test_run_refuses_input_that_is_not_a_regular_file(
+    make: Any,
+    what: str,
+    kind: str,
+    kernels: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if not hasattr(os, "mkfifo") or not Path("/dev/zero").exists():
+        pytest.skip("needs POSIX device files and FIFOs")
+    name = make(tmp_path)
+    assert main(run_args(f"{kernels}:scale", kind, name)) == EXIT_USAGE
+    err = one_line(capsys.readouterr().err)
+    assert f"{kind} {name!r} is {what}, not a regular file" in err
+    assert "no such file" not in err
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        (f"y.bin:{1 << 60}", "of host memory, but only"),
+        (f"y.bin:{10**24}", "more than this machine can address"),
+    ],
+)
+def test_run_refuses_buffers_larger_than_host_memory_before_allocating(
+    out: str,
+    message: str,
+    kernels: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    np.zeros(16, np.float32).tofile(tmp_path / "x.bin")
+    code = main(run_args(f"{kernels}:scale", "--in", "x.bin", "--out", out))
+    assert code == EXIT_USAGE
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("hrx-async run: error: the buffers need ") and message in err
+    assert not (tmp_path / "y.bin").exists()
+
+
+LIMITED_RUN = """
+import resource, sys
+from hrx_async.cli import main
+
+with open("/proc/self/status") as status:
+    used = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024
+limit = used + (1 << 30)
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_run_refuses_an_input_larger_than_the_memory_limit(kernels: Path, tmp_path: Path) -> None:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs Linux /proc and RLIMIT_AS")
+    big = tmp_path / "big.bin"
+    with big.open("wb") as file:
+        file.truncate(4 << 30)  # sparse: no disk space used
+    done = subprocess.run(
+        [sys.executable, "-c", LIMITED_RUN, *run_args(f"{kernels}:scale", "--in", str(big))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    err = one_line(done.stderr)
+    assert "the buffers need 8589934592 bytes (8.0 GiB) of host memory" in err
+    assert "address-space limit (ulimit -v)" in err
+
+
+BROKEN_KERNELS = {
+    "syntax": ("import numpy as np\n\ndef scale(arrays, constants:\n    pass\n", 3),
+    "raises": ("import numpy as np\n\nnp.zeros(4)\nraise RuntimeError('no device here')\n", 4),
+    "raises_below": ("import json\n\njson.loads('{nope')\n", 3),
+    "imports_missing": ("import numpy as np\n\nimport hrx_no_such_dependency\n", 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_KERNELS))
+@pytest.mark.parametrize("by", ["file", "module"])
+def test_run_reports_a_broken_kernel_module_in_one_line(
+    case: str,
+    by: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text, line = BROKEN_KERNELS[case]
+    name = f"hrx_broken_kernel_{case}_{by}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    source = tmp_path / "x.bin"
+    np.zeros(16, np.float32).tofile(source)
+    if by == "module":
+        monkeypatch.syspath_prepend(str(tmp_path))
+        kernel = f"{name}:scale"
+    else:
+        kernel = f"{path}:scale"
+    code = main(run_args(kernel, "--in", str(source)))
+    err = one_line(capsys.readouterr().err)
+    assert f"{path}, line {line}" in err
+    if case == "syntax":
+        assert code == EXIT_USAGE
+        assert "is not valid Python" in err and "SyntaxError" in err
+    elif case == "imports_missing":
+        assert code == EXIT_USAGE
+        assert "cannot import kernel" in err
+        assert "No module named 'hrx_no_such_dependency'" in err
+    else:
+        assert code == EXIT_FAILURE
+        assert "raised on import" in err
+        assert ("RuntimeError: no device here" if case == "raises" else "JSONDecodeError") in err
+    assert name not in sys.modules
+
+
+def test_gpu_kernel_files_must_be_regular_utf8_files(tmp_path: Path) -> None:
+    if not Path("/dev/zero").exists():
+        pytest.skip("needs /dev/zero")
+    with pytest.raises(ContractError, match="'/dev/zero' is a character device, not a regular"):
+        kernel_source("/dev/zero:k", "cuda", "sm_90")
+    with pytest.raises(ContractError, match="is a directory, not a regular file"):
+        kernel_source(f"{tmp_path}:k", "hip", "gfx942")
+    with pytest.raises(ContractError, match="no such file"):
+        kernel_source(f"{tmp_path / 'missing.cu'}:k", "cuda", "sm_90")
+    latin1 = tmp_path / "kernel.cu"
+    latin1.write_bytes(b'// caf\xe9\nextern "C" __global__ void k() {}\n')
+    with pytest.raises(ContractError, match="is not UTF-8 source text"):
+        kernel_source(f"{latin1}:k", "cuda", "sm_90")
+    latin1.write_bytes(b'extern "C" __global__ void k() {}\n')
+    source, name = kernel_source(f"{latin1}:k", "cuda", "sm_90")
+    assert name == "k" and source.cxx is not None and "__global__" in source.cxx
 
 
 # -- trace-plot ------------------------------------------------------------------------------
