@@ -326,13 +326,20 @@ def build_parser() -> Parser:
     plot.add_argument("--title", help="picture title (default: the trace file's name)")
     plot.set_defaults(handler=trace_plot_command)
 
-    try:
-        from . import kernel_cache
-    except ImportError:
-        pass
-    else:
-        kernel_cache.register_cli(commands)
+    from . import kernel_cache
+
+    kernel_cache.register_cli(commands, compiler=_cuda_compiler)
     return parser
+
+
+def _cuda_compiler(arch: str | None) -> tuple[Any, str]:
+    """The `compile` command's compiler: NVRTC through the cuda backend's driver table.
+
+    Making the table opens no device, so `--arch` works on a machine without a GPU.
+    """
+    from .backends import cuda
+
+    return cuda.CudaTable(), arch or cuda.detect_target()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +62,7 @@ class Completion:
     """The outcome of one submission (await it, or poll `done()`)."""
 
     __slots__ = (
+        "_callbacks",
         "_error",
         "_event",
         "_futures",
@@ -70,6 +71,7 @@ class Completion:
         "_thread_event",
         "finished_at",
         "label",
+        "owner",
         "started_at",
         "submitted_at",
     )
@@ -79,9 +81,13 @@ class Completion:
         label: str,
         source: CompletionSource,
         loop: asyncio.AbstractEventLoop | None = None,
+        owner: object = None,
     ) -> None:
         self.label = label
+        self.owner = owner
+        """The scheduling domain that made it: `after=` accepts only its own."""
         self._source: CompletionSource | None = source
+        self._callbacks: list[Callable[[], None]] | None = None
         # On asyncio, waiters wait on plain futures (one each, so cancelling one waiter
         # cancels only its own): about half the cost of an anyio.Event round trip.
         self._loop = loop
@@ -113,6 +119,20 @@ class Completion:
                     future.set_result(None)
         if thread_event is not None:
             thread_event.set()
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                callback()
+
+    def _on_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` on the loop thread once resolved (at once if it is)."""
+        if self.finished_at is not None:
+            callback()
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
 
     def _mark_started(self, when: float) -> None:
         if self.started_at is None or when < self.started_at:

@@ -6,15 +6,18 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .completion import Completion
+from .contract import Access
 from .graph import GraphPlan, Interval, Node, RegionPlan
+from .tracker import merge_intervals
 
 if TYPE_CHECKING:
     from .lanes.lane import Lane
+    from .memory import Buffer
     from .runtime import Runtime
 
-Access = tuple[int, int, int, bool]
+ByteAccess = tuple[int, int, int, bool]
 """(buffer ident, start, end, writes)"""
-ReplayStep = tuple[RegionPlan, Any, object, "tuple[Lane, int]", tuple[Access, ...]]
+ReplayStep = tuple[RegionPlan, Any, object, "tuple[Lane, int]", tuple[ByteAccess, ...]]
 
 
 class PreparedGraph:
@@ -25,7 +28,9 @@ class PreparedGraph:
 
     __slots__ = (
         "buffers",
+        "clears",
         "estimates",
+        "input_reads",
         "inputs",
         "plan",
         "programs",
@@ -61,13 +66,11 @@ class PreparedGraph:
         )
         """Per region, what admission needs, worked out once: its plan, program, provider,
         queue key and byte-range accesses (reads first) as (buffer ident, start, end, writes)."""
-        overwritten = {buffer.ident for buffer in plan.overwrites}
-        self.inputs = tuple(
-            {
-                i.buffer.ident: i.buffer for i in plan.reads if i.buffer.ident not in overwritten
-            }.values()
-        )
-        """Buffers the graph reads without overwriting them first: a poisoned one refuses it."""
+        self.clears = tuple(_written_whole(plan, region) for region in plan.regions)
+        """Per region, the buffers it writes whole: running it clears their poison."""
+        self.input_reads = _read_before_written(plan.nodes)
+        """The bytes the graph reads before writing them itself: poisoned, they refuse it."""
+        self.inputs = tuple({i.buffer.ident: i.buffer for i in self.input_reads}.values())
 
     @property
     def label(self) -> str:
@@ -110,3 +113,52 @@ class PreparedGraph:
 
     def __repr__(self) -> str:
         return f"<PreparedGraph {self.label!r} {len(self.nodes)} nodes {len(self.regions)} regions>"
+
+
+def _written_whole(plan: GraphPlan, region: RegionPlan) -> tuple[Buffer, ...]:
+    found: dict[int, Buffer] = {}
+    for index in region.nodes:
+        for view, access in plan.nodes[index].accesses:
+            buffer = view.buffer
+            if access is Access.WRITE and view.offset == 0 and view.nbytes == buffer.nbytes:
+                found.setdefault(buffer.ident, buffer)
+    return tuple(found.values())
+
+
+def _read_before_written(nodes: Iterable[Node]) -> tuple[Interval, ...]:
+    """Per buffer, the merged bytes some node reads before an earlier node wrote them."""
+    written: dict[int, list[tuple[int, int]]] = {}
+    read: dict[int, list[tuple[int, int]]] = {}
+    buffers: dict[int, Buffer] = {}
+    for node in nodes:
+        for view, access in node.accesses:
+            if access.reads:
+                key = view.buffer.ident
+                buffers[key] = view.buffer
+                read.setdefault(key, []).extend(
+                    _subtract((view.offset, view.end), written.get(key, ()))
+                )
+        for view, access in node.accesses:
+            if access.writes:
+                key = view.buffer.ident
+                written[key] = merge_intervals([*written.get(key, ()), (view.offset, view.end)])
+    return tuple(
+        Interval(buffers[key], s, e)
+        for key, spans in read.items()
+        for s, e in merge_intervals(spans)
+    )
+
+
+def _subtract(span: tuple[int, int], holes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of `span` outside the sorted, disjoint `holes`."""
+    start, end = span
+    parts: list[tuple[int, int]] = []
+    for s, e in holes:
+        if e <= start or s >= end:
+            continue
+        if s > start:
+            parts.append((start, s))
+        start = max(start, e)
+    if start < end:
+        parts.append((start, end))
+    return parts

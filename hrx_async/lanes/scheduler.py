@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -44,19 +45,25 @@ from ..errors import (
     PoisonedError,
     RuntimeClosed,
 )
-from ..graph import Interval, RegionPlan
+from ..graph import RegionPlan
 from ..stats import Counters
 from ..trace import TraceEvent, TraceRecorder
 from ..tracker import AccessTracker
 from .host import AsyncHostProgram
 from .lane import Lane
 from .notify import LoopNotifier
+from .poison import PoisonBook
 
 if TYPE_CHECKING:
     from ..backends.base import Fence, LaneQueue
+    from ..memory import Buffer
     from ..prepared import PreparedGraph, ReplayStep
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
+RUNNING_HOST_REGION: contextvars.ContextVar[RegionRun | None] = contextvars.ContextVar(
+    "RUNNING_HOST_REGION", default=None
+)
+"""The region of the `async def` host function this task runs, if any."""
 POLL_CAP_S = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
 IDLE_GAP_S = 100e-6
@@ -80,13 +87,19 @@ class RegionRun:
     """One region of one submission on its way through a lane."""
 
     __slots__ = (
+        "applied",
+        "blockers",
+        "cause",
+        "clears",
         "deps",
         "done_waiters",
         "error",
         "estimates",
         "fence",
+        "followers",
         "issued_waiters",
         "key",
+        "outcome",
         "plan",
         "program",
         "provider",
@@ -103,6 +116,7 @@ class RegionRun:
         provider: object,
         estimates: list[float],
         key: tuple[Lane, int],
+        clears: tuple[Buffer, ...] = (),
     ) -> None:
         self.submission = submission
         self.plan = plan
@@ -110,13 +124,24 @@ class RegionRun:
         self.provider = provider
         self.estimates = estimates
         self.key = key
+        self.clears = clears
+        """Buffers this region writes whole: running clears their poison."""
         self.deps: Sequence[RegionRun] = ()
         self.state = QUEUED
         self.fence: Fence | None = None
         self.error: BaseException | None = None
+        self.cause: HrxError | None = None
+        """The error this region's failure stands for (see `failure_cause`)."""
+        self.applied = False
+        """Its failure has poisoned what it writes."""
         self.started_at: float | None = None
         self.issued_waiters: list[anyio.Event] | None = None
         self.done_waiters: list[anyio.Event] | None = None
+        self.outcome: tuple[BaseException | None, bool, float | None] | None = None
+        """The outcome of a region that ended before everything it follows finished."""
+        self.blockers = 0
+        self.followers: list[RegionRun] | None = None
+        """Regions whose outcome waits for this one to finish."""
 
     @property
     def finished(self) -> bool:
@@ -144,7 +169,7 @@ class RegionRun:
         submission = self.submission
         error = fence.error()
         if error is not None:
-            # Seen by later regions' preflight on worker threads before the loop hears of it.
+            # Seen by later regions' checks on worker threads before the loop hears of it.
             submission.device_error = error
         scheduler = submission.scheduler
         if threading.get_ident() == scheduler.loop_thread:
@@ -152,35 +177,69 @@ class RegionRun:
         else:
             scheduler.notifier.post(scheduler.fence_done, self)
 
-    def failure_of_dependencies(self) -> BaseException | None:
+    def failure_cause(self, error: BaseException) -> HrxError:
+        """The error this region's failure stands for, in its submission and as poison."""
+        cause = self.cause
+        if cause is None:
+            cause = (
+                error
+                if isinstance(error, PoisonedError | DependencyFailed | DeviceLost | Cancelled)
+                else ExecutionError(self.submission.label, self.plan.index, error)
+            )
+            self.cause = cause
+        return cause
+
+    def refusal(self) -> BaseException | None:
         """Why this region must not run, judged from its dependencies and its submission.
 
-        Safe from worker threads: it reads fences, not loop-side state.
+        Safe from worker threads. Failures of dependencies that finished on the device are
+        applied to the poison book first, so they count even before the loop hears of them.
         """
         submission = self.submission
+        deps = self.deps
+        own_failure: RegionRun | None = None
+        for dep in deps:
+            fence = dep.fence
+            if fence is not None and fence.query():
+                error = fence.error()
+                if error is not None:
+                    dep.apply_failure(error)
+                    if dep.submission is submission:
+                        own_failure = dep
+            elif dep.submission is submission and dep.error is not None:
+                own_failure = dep
+        if own_failure is not None:
+            return DependencyFailed(f"not run: region {own_failure.plan.index} failed")
         if submission.error is not None or submission.device_error is not None:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
         if submission.cancelled:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
-        for dep in self.deps:
-            fence = dep.fence
-            cause = fence.error() if fence is not None and fence.query() else dep.error
-            if cause is None:
-                continue
-            if dep.submission is submission:
-                return DependencyFailed(f"not run: region {dep.plan.index} failed")
-            buffer = _first_overlap(dep.plan.writes, self.plan.reads)
-            if buffer is not None:
-                return PoisonedError(buffer, cause)
+        found = submission.scheduler.poison_book.find(self.plan.reads)
+        if found is not None:
+            return PoisonedError(found[0], found[1])
         return None
 
+    def preflight(self) -> BaseException | None:
+        """The last check before the region runs (the backend asks it as late as it can).
 
-def _first_overlap(writes: Sequence[Interval], reads: Sequence[Interval]) -> str | None:
-    for w in writes:
-        for r in reads:
-            if w.buffer is r.buffer and w.start < r.end and r.start < w.end:
-                return w.buffer.label
-    return None
+        Passing it commits the region to run: what it writes whole is no longer poisoned.
+        A refusal for poisoned input poisons what it writes before anything after it runs.
+        """
+        refusal = self.refusal()
+        if refusal is None:
+            for buffer in self.clears:
+                self.submission.scheduler.poison_book.clear(buffer)
+        elif isinstance(refusal, PoisonedError):
+            self.apply_failure(refusal)
+        return refusal
+
+    def apply_failure(self, error: BaseException) -> None:
+        """Poison what this region writes, once (a region that never ran poisons nothing)."""
+        if self.applied or isinstance(error, DependencyFailed | Cancelled):
+            return
+        self.applied = True
+        cause = self.failure_cause(error)
+        self.submission.scheduler.poison_book.add(self.plan.writes, cause)
 
 
 class Submission:
@@ -210,7 +269,7 @@ class Submission:
         self.remaining = 0
         self.skipped = False
         """Some region was skipped (cancelled before it ran)."""
-        self.completion = Completion(label, self, scheduler.asyncio_loop)
+        self.completion = Completion(label, self, scheduler.asyncio_loop, scheduler)
 
     def sweep(self) -> bool:
         """Before the awaiting task suspends: finish what completed on the watched queues.
@@ -220,6 +279,9 @@ class Submission:
         leads, the caller becomes the leader and sweeps in place of the loop's tick.
         """
         scheduler = self.scheduler
+        host_run = RUNNING_HOST_REGION.get()
+        if host_run is not None:
+            scheduler.refuse_waiting_on(host_run, self.runs, self.after)
         if not scheduler.watched:
             return False
         scheduler.sweep_watched(False)
@@ -306,7 +368,10 @@ class Scheduler:
         self.max_submissions = max_submissions
         self.on_device_lost = on_device_lost
         self.tracker: AccessTracker[object] = AccessTracker()
+        self.poison_book = PoisonBook()
         self.lanes: dict[tuple[Lane, int], LaneRunner] = {}
+        self.settling: collections.deque[RegionRun] = collections.deque()
+        """Regions whose outcome is final, to be settled in order (see `finish`)."""
         self.in_flight = 0
         self.waiting: collections.deque[Submission] = collections.deque()
         self.live = 0
@@ -333,6 +398,25 @@ class Scheduler:
         self.watcher_wakeup: anyio.Event | None = None
         self.watcher_started = False
 
+    def start(self, npus: int) -> None:
+        """Start every lane task (and trio's queue watcher) from the opening task.
+
+        Admission also happens in loop callbacks (a finished submission admits the next
+        waiting one), where no task can be started; so nothing is started lazily.
+        """
+        keys = [(lane, 0) for lane in (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD, Lane.HOST)]
+        keys += [(Lane.NPU, index) for index in range(max(npus, 1))]
+        for key in keys:
+            self._start_lane(key)
+        if self.asyncio_loop is None:
+            self.watcher_started = True
+            self.task_group.start_soon(self._watcher, name="hrx-queue-watcher")
+
+    def _start_lane(self, key: tuple[Lane, int]) -> LaneRunner:
+        lane = self.lanes[key] = LaneRunner(self, key)
+        self.task_group.start_soon(lane.serve, name=f"hrx-lane-{key[0].label}-{key[1]}")
+        return lane
+
     # -- admission -------------------------------------------------------------
 
     def submit(
@@ -347,15 +431,20 @@ class Scheduler:
                 buffer.check_alive()
         for buffer in prepared.inputs:
             if buffer.poison is not None:
-                raise PoisonedError(buffer.label, buffer.poison)
+                self._check_input_poison(prepared, buffer)
         runtime = prepared.runtime
         if runtime._mapping_count:
             runtime._check_mapping_conflicts(prepared.plan)
         after_items: tuple[Completion, ...] = ()
         if after:
-            after_items = tuple(after)
+            try:
+                after_items = tuple(after)
+            except TypeError:
+                raise ContractError(
+                    f"after= takes an iterable of Completions, got {after!r}"
+                ) from None
             for item in after_items:
-                if not isinstance(item, Completion):
+                if not isinstance(item, Completion) or item.owner is not self:
                     raise ContractError(f"after= takes Completions of this runtime, got {item!r}")
         if nowait and (self.in_flight >= self.max_submissions or self.waiting):
             raise Busy(
@@ -378,8 +467,11 @@ class Scheduler:
         record = self.tracker.record
         estimates = prepared.estimates
         runs = submission.runs
+        clears = prepared.clears
         for region, program, provider, key, accesses in steps:
-            run = RegionRun(submission, region, program, provider, estimates, key)
+            run = RegionRun(
+                submission, region, program, provider, estimates, key, clears[region.index]
+            )
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
                 found = record(ident, start, end, writes, run)
@@ -392,8 +484,6 @@ class Scheduler:
                 run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
             runs.append(run)
         submission.remaining = len(runs)
-        for buffer in prepared.plan.overwrites:
-            buffer.poison = None
         self.counters.submissions += 1
         self.live += 1
         if early is not None:
@@ -404,6 +494,19 @@ class Scheduler:
         else:
             self.waiting.append(submission)
         return submission.completion
+
+    def _check_input_poison(self, prepared: PreparedGraph, buffer: Buffer) -> None:
+        """Refuse a graph that reads poisoned bytes of `buffer` before writing them.
+
+        Only when no admitted region will overwrite the buffer whole before it: whether
+        that one runs is decided later, and the graph's own regions check again then.
+        """
+        for user in self.tracker.dependencies(buffer.ident, 0, buffer.nbytes, True):
+            if isinstance(user, RegionRun) and buffer in user.clears and not user.finished:
+                return
+        found = self.poison_book.find(i for i in prepared.input_reads if i.buffer is buffer)
+        if found is not None:
+            raise PoisonedError(found[0], found[1])
 
     def _launch_first(self, step: ReplayStep, estimates: list[float]) -> Fence | None:
         """Launch a graph's first region before any bookkeeping, when nothing can come
@@ -456,14 +559,13 @@ class Scheduler:
             if isinstance(first, BaseException):
                 self.finish(run, first)
             else:
+                for buffer in run.clears:  # it runs: nothing came between launch and here
+                    self.poison_book.clear(buffer)
                 self._attach(run, first)
             runs = runs[1:]
         for run in runs:
             key = run.key
-            lane = lanes.get(key)
-            if lane is None:
-                lane = lanes[key] = LaneRunner(self, key)
-                self.task_group.start_soon(lane.serve, name=f"hrx-lane-{key[0].label}-{key[1]}")
+            lane = lanes.get(key) or self._start_lane(key)
             if direct and not lane.items and not lane.busy and self._unblocked(run):
                 # Nothing queued ahead on this lane and nothing to wait for: issue now,
                 # saving the lane task's wake-up. Work that must wait goes through the lane,
@@ -503,11 +605,13 @@ class Scheduler:
                 )
                 error.__cause__ = cause
                 submission.error = error
+        program = run.program
+        on_host = isinstance(program, AsyncHostProgram)
         waits: list[Fence] = []
         for dep in run.deps:
             if dep.finished:
                 continue
-            if dep.provider is run.provider and not isinstance(run.program, AsyncHostProgram):
+            if dep.provider is run.provider and not on_host:
                 await dep.wait_issued()
                 if dep.fence is not None and not dep.finished:
                     waits.append(dep.fence)
@@ -516,18 +620,23 @@ class Scheduler:
         if self.lost is not None:
             self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
             return
-        refusal = run.failure_of_dependencies()
+        # The host function runs right here, so its last check is this one.
+        refusal = run.preflight() if on_host else run.refusal()
         if refusal is not None:
-            if isinstance(refusal, Cancelled) and submission.error is None:
-                self.finish(run, None, skipped=True)
-            else:
-                self.finish(run, refusal)
+            self._refused(run, refusal)
             return
-        program = run.program
-        if isinstance(program, AsyncHostProgram):
-            await self._run_inline(run, program)
+        if on_host:
+            assert isinstance(program, AsyncHostProgram)
+            self._start_host(run, program)
             return
         self._launch(run, waits)
+
+    def _refused(self, run: RegionRun, refusal: BaseException) -> None:
+        if isinstance(refusal, Cancelled) and run.submission.error is None:
+            self.finish(run, None, skipped=True)
+        else:
+            run.apply_failure(refusal)
+            self.finish(run, refusal)
 
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
         """Hand `run` to its queue (device-side waits first) and follow its fence."""
@@ -539,7 +648,7 @@ class Scheduler:
                 run.key,
                 run.program,
                 waits,
-                run.failure_of_dependencies,
+                run.preflight,
                 run.estimates[run.plan.index],
             )
         except BaseException as exc:
@@ -673,16 +782,61 @@ class Scheduler:
             queue.unwatch()
         self.watched.clear()
 
-    async def _run_inline(self, run: RegionRun, program: AsyncHostProgram) -> None:
+    def _start_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
+        """Run an `async def` host function as a task of its own.
+
+        The host lane goes on meanwhile, so work the function submits and awaits is not
+        stuck behind it; awaiting work that depends on the function itself is refused
+        (see `refuse_waiting_on`).
+        """
         run.state = ISSUED
         run.started_at = time.perf_counter()
+        self.task_group.start_soon(self._run_host, run, program)
+
+    async def _run_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
+        token = RUNNING_HOST_REGION.set(run)
         try:
             with anyio.CancelScope(shield=True):
                 await program.run()
-        except Exception as exc:
+        except BaseException as exc:
+            # Every exception settles the region, BaseExceptions included: an escaping one
+            # would end this task with the region, its submission and its awaiters pending.
+            run.apply_failure(exc)
             self.finish(run, exc)
         else:
             self.finish(run, None)
+        finally:
+            RUNNING_HOST_REGION.reset(token)
+
+    def refuse_waiting_on(
+        self, host_run: RegionRun, runs: Sequence[RegionRun], after: Sequence[Completion]
+    ) -> None:
+        """Raise instead of waiting forever: the host function `host_run` is about to wait
+        for `runs`, and one of them (through dependencies) waits for `host_run` itself."""
+        if host_run.finished:
+            return
+        seen: set[int] = set()
+        stack: list[RegionRun] = list(runs)
+        for item in after:
+            source = item._source
+            if isinstance(source, Submission):
+                stack.extend(source.runs)
+        while stack:
+            run = stack.pop()
+            if run is host_run:
+                raise ContractError(
+                    f"a host function of {host_run.submission.label!r} awaited work that "
+                    "waits for that host function itself; it would never finish. Submit "
+                    "it without awaiting it, or record it in the same graph"
+                )
+            if id(run) in seen or run.finished:
+                continue
+            seen.add(id(run))
+            stack.extend(run.deps)
+            for item in run.submission.after:
+                source = item._source
+                if isinstance(source, Submission):
+                    stack.extend(source.runs)
 
     # -- completion ------------------------------------------------------------
 
@@ -700,8 +854,54 @@ class Scheduler:
         skipped: bool = False,
         finished_at: float | None = None,
     ) -> None:
+        """`run` ended (ran, failed, or was skipped); the first outcome counts.
+
+        Ordering is transitive whether or not the middle runs: a region that ends before
+        everything it follows has finished (a skipped one, or one that failed without
+        waiting) keeps its outcome until then, so nothing that follows it can overtake
+        what it follows. Deferred outcomes settle in order, without recursion.
+        """
+        if run.state >= DONE or run.outcome is not None:
+            return
+        blockers = 0
+        for dep in run.deps:
+            if dep.state < DONE:
+                blockers += 1
+                if dep.followers is None:
+                    dep.followers = [run]
+                else:
+                    dep.followers.append(run)
+        for item in run.submission.after:
+            if not item.done():
+                blockers += 1
+                item._on_done(lambda: self._unblock(run))
+        run.outcome = (error, skipped, finished_at)
+        if blockers and self.lost is None:  # once the device is lost, nothing runs anyway
+            run.blockers = blockers
+            return
+        self._ready(run)
+
+    def _unblock(self, run: RegionRun) -> None:
+        run.blockers -= 1
+        if run.blockers == 0 and run.state < DONE:
+            self._ready(run)
+
+    def _ready(self, run: RegionRun) -> None:
+        settling = self.settling
+        settling.append(run)
+        if len(settling) > 1:
+            return  # an outer call is settling; it takes this one in turn
+        while settling:
+            try:
+                self._settle(settling[0])
+            finally:
+                settling.popleft()
+
+    def _settle(self, run: RegionRun) -> None:
         if run.state >= DONE:
             return
+        assert run.outcome is not None
+        error, skipped, finished_at = run.outcome
         end = finished_at if finished_at is not None else time.perf_counter()
         submission = run.submission
         plan = run.plan
@@ -710,16 +910,11 @@ class Scheduler:
             run.state = FAILED
             run.error = error
             self.note_failure(error)
-            if submission.error is None:
-                submission.error = (
-                    error
-                    if isinstance(error, PoisonedError | DependencyFailed | DeviceLost)
-                    else ExecutionError(submission.label, plan.index, error)
-                )
             # Work that never ran leaves its outputs as they were; work that failed (or read
             # poisoned input) leaves them undefined.
-            if not isinstance(error, DependencyFailed | Cancelled):
-                self.poison(plan, error if isinstance(error, PoisonedError) else submission.error)
+            run.apply_failure(error)
+            if submission.error is None:
+                submission.error = run.failure_cause(error)
         elif skipped:
             run.state = SKIPPED
             submission.skipped = True
@@ -758,24 +953,24 @@ class Scheduler:
             self.lost = error
             self.on_device_lost(error)
 
-    @staticmethod
-    def poison(plan: RegionPlan, error: BaseException) -> None:
-        """Mark what `plan` writes as undefined (the first failure wins)."""
-        if not isinstance(error, HrxError):
-            return
-        for interval in plan.writes:
-            if interval.buffer.poison is None:
-                interval.buffer.poison = error
+    def poison(self, plan: RegionPlan, error: BaseException) -> None:
+        """Mark what `plan` writes as undefined (a buffer keeps its first failure)."""
+        if isinstance(error, HrxError):
+            self.poison_book.add(plan.writes, error)
 
-    @staticmethod
-    def wake_waiters(run: RegionRun) -> None:
-        """`run` is final: release its dependencies and everyone waiting on it."""
+    def wake_waiters(self, run: RegionRun) -> None:
+        """`run` is final: release its dependencies, its followers and its waiters."""
         run.deps = ()
         for waiters in (run.issued_waiters, run.done_waiters):
             if waiters:
                 for event in waiters:
                     event.set()
         run.issued_waiters = run.done_waiters = None
+        followers = run.followers
+        if followers is not None:
+            run.followers = None
+            for follower in followers:
+                self._unblock(follower)
 
     def _finish_submission(self, submission: Submission) -> None:
         error = submission.error

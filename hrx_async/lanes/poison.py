@@ -1,0 +1,80 @@
+"""Which bytes failed work left undefined.
+
+A region that fails, or that refuses to run because bytes it reads are poisoned,
+poisons the byte ranges it writes. Reads are checked against those ranges, so a
+failure in one part of a buffer does not refuse work on another part. Poison on
+a buffer is cleared only by a region that writes the whole buffer and is about to
+run (its checks passed); if it then fails, its own failure poisons the buffer
+again. A region that is skipped changes nothing.
+
+Outcomes are applied in dependency order: a region's checks first apply the
+failures of the device-side dependencies it waited for, so work that follows a
+failure on the same backend sees it even before the event loop has heard of it.
+That is also why the book is locked: the sim backend's checks run on its worker
+threads. `buffer.poison` (the first failure, or None) stays the public summary;
+setting it to None clears the buffer's ranges too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from ..errors import HrxError
+from ..graph import Interval
+from ..memory import Buffer
+
+
+class PoisonBook:
+    """Poisoned byte ranges per buffer."""
+
+    __slots__ = ("_lock", "_ranges")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+
+    def add(self, intervals: Iterable[Interval], cause: HrxError) -> None:
+        """Poison `intervals`; a buffer already poisoned keeps its first failure as cause."""
+        with self._lock:
+            ranges = self._ranges
+            for interval in intervals:
+                buffer = interval.buffer
+                span = (interval.start, interval.end)
+                if buffer.poison is None:
+                    buffer.poison = cause
+                    ranges[buffer.ident] = [span]
+                else:
+                    ranges.setdefault(buffer.ident, []).append(span)
+
+    def clear(self, buffer: Buffer) -> None:
+        """`buffer` is being overwritten whole: none of its bytes are poisoned any more."""
+        if buffer.poison is None:
+            return
+        with self._lock:
+            buffer.poison = None
+            self._ranges.pop(buffer.ident, None)
+
+    def find(self, intervals: Iterable[Interval]) -> tuple[str, HrxError] | None:
+        """The first poisoned buffer `intervals` read from, with its cause; None if clean."""
+        for interval in intervals:
+            buffer = interval.buffer
+            if buffer.poison is None:
+                continue
+            with self._lock:
+                cause = buffer.poison
+                if cause is None:
+                    continue
+                spans = self._ranges.get(buffer.ident)
+                if spans is None:
+                    return buffer.label, cause  # poisoned as a whole (no ranges recorded)
+                start, end = interval.start, interval.end
+                for s, e in spans:
+                    if s < end and start < e:
+                        return buffer.label, cause
+        return None
+
+    def overlaps(self, buffer: Buffer, start: int, end: int) -> HrxError | None:
+        """The cause when bytes [start, end) of `buffer` are poisoned, else None."""
+        found = self.find((Interval(buffer, start, end),))
+        return None if found is None else found[1]
