@@ -406,3 +406,21 @@ async def test_after_refuses_a_completion_of_another_runtime() -> None:
             p2.submit(after=5)  # type: ignore[arg-type]
         assert two.statistics().to_dict()["submissions"] == submissions
         await c1
+
+
+async def test_host_function_draining_its_own_runtime_is_refused() -> None:
+    seen: list[BaseException] = []
+    async with hrx.Runtime(backend="sim") as rt:
+        a = rt.allocate(N, hrx.HOST_VISIBLE)
+
+        async def outer(x: np.ndarray) -> None:
+            try:
+                await rt.drain()
+            except ContractError as exc:
+                seen.append(exc)
+
+        g = rt.graph("outer")
+        g.host(outer, [(a.view(), hrx.Access.WRITE)])
+        with anyio.fail_after(10):
+            await g.prepare().submit()
+        assert len(seen) == 1

@@ -1009,6 +1009,12 @@ class Scheduler:
 
     async def drain(self) -> None:
         """Wait until every submission has finished."""
+        host_run = RUNNING_HOST_REGION.get()
+        if host_run is not None and host_run.submission.scheduler is self and self.live:
+            raise ContractError(
+                f"a host function of {host_run.submission.label!r} waited for every "
+                "submission to finish, its own included; it would never finish"
+            )
         while self.live:
             self.idle = anyio.Event()
             await self.idle.wait()
