@@ -566,20 +566,35 @@ class Scheduler:
         for run in runs:
             key = run.key
             lane = lanes.get(key) or self._start_lane(key)
-            if direct and not lane.items and not lane.busy and self._unblocked(run):
-                # Nothing queued ahead on this lane and nothing to wait for: issue now,
-                # saving the lane task's wake-up. Work that must wait goes through the lane,
-                # where it stays cancellable until its dependencies are issued.
-                self._launch(run, ())
-                continue
+            if direct and not lane.items and not lane.busy:
+                waits = self._device_waits(run)
+                if waits is not None:
+                    # Nothing queued ahead on this lane, and what it waits for the device
+                    # orders by itself: issue now, with no lane wake-up or loop iteration.
+                    self._launch(run, waits)
+                    continue
             lane.push(run)
 
     @staticmethod
-    def _unblocked(run: RegionRun) -> bool:
-        """True when every dependency of `run` finished successfully (or it has none)."""
+    def _device_waits(run: RegionRun) -> list[Fence] | None:
+        """The fences `run` can wait for on the device, when that is all it waits for:
+        every dependency finished, or was issued to the same backend and is running.
+        None when something needs a wait on the host (the lane task does that)."""
         if isinstance(run.program, AsyncHostProgram):
-            return False
-        return all(dep.state == DONE or dep.state == SKIPPED for dep in run.deps)
+            return None
+        waits: list[Fence] = []
+        provider = run.provider
+        for dep in run.deps:
+            state = dep.state
+            if state == DONE or state == SKIPPED:
+                continue
+            fence = dep.fence
+            if state != ISSUED or fence is None or dep.provider is not provider:
+                return None
+            if dep.outcome is not None:
+                return None  # it ended and waits to settle: its outcome decides
+            waits.append(fence)
+        return waits
 
     def cancel_waiting(self, submission: Submission) -> None:
         """A cancelled submission still waiting for admission finishes at once."""
