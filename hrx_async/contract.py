@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from . import _validate
 from .errors import ContractError
 
 
@@ -48,14 +49,17 @@ class Binding:
     layout: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nbytes, int) or self.nbytes < 1:
-            raise ContractError(f"binding nbytes must be an integer >= 1, got {self.nbytes!r}")
-        if not isinstance(self.access, Access):
-            raise ContractError(f"binding access must be an Access, got {self.access!r}")
-        if not isinstance(self.alignment, int) or not _is_power_of_two(self.alignment):
+        nbytes = _validate.integer(self.nbytes, "binding nbytes", 1)
+        _validate.instance(self.access, Access, "binding access", "READ, WRITE or READ_WRITE")
+        alignment = _validate.as_integer(self.alignment)
+        if alignment is None or not _is_power_of_two(alignment):
             raise ContractError(
-                f"binding alignment must be a power of two >= 1, got {self.alignment!r}"
+                "binding alignment must be a power of two >= 1 (an integer, not a bool), "
+                f"got {_validate.shown(self.alignment)}"
             )
+        _validate.text(self.layout, "binding layout")
+        object.__setattr__(self, "nbytes", nbytes)
+        object.__setattr__(self, "alignment", alignment)
 
     def describe(self, index: int) -> str:
         label = f" ({self.layout})" if self.layout else ""
@@ -64,19 +68,28 @@ class Binding:
 
 @dataclass(frozen=True, slots=True)
 class KernelContract:
-    """Bindings in ABI order plus the exact bytes of the scalar constants."""
+    """Bindings in ABI order plus the exact bytes of the scalar constants.
+
+    `bindings`: an ordered iterable of `Binding`s (at least one). `constants`: a
+    `Constants` or bytes-like object (bytes, bytearray, memoryview); not an int or str.
+    """
 
     bindings: tuple[Binding, ...]
     constants: bytes = b""
 
     def __init__(self, bindings: Iterable[Binding], constants: bytes | Constants = b"") -> None:
-        items = tuple(bindings)
+        items = _validate.items(bindings, "contract bindings")
         for item in items:
             if not isinstance(item, Binding):
-                raise ContractError(f"contract bindings must be Binding objects, got {item!r}")
+                raise ContractError(
+                    f"contract bindings must be Binding objects, got {_validate.shown(item)}"
+                )
         if not items:
             raise ContractError("a kernel contract needs at least one binding")
-        raw = constants.to_bytes() if isinstance(constants, Constants) else bytes(constants)
+        if isinstance(constants, Constants):
+            raw = constants.to_bytes()
+        else:
+            raw = _validate.byte_string(constants, "contract constants (bytes or Constants)")
         object.__setattr__(self, "bindings", items)
         object.__setattr__(self, "constants", raw)
 
@@ -194,10 +207,10 @@ class Constants:
         return sum(len(part) for part in self._parts)
 
 
-def check_dims(name: str, dims: Sequence[int]) -> tuple[int, int, int]:
-    """Normalise a grid or block shape to three positive ints (missing parts are 1)."""
-    values = tuple(dims)
-    if not 1 <= len(values) <= 3 or not all(isinstance(v, int) and v >= 1 for v in values):
-        raise ContractError(f"{name} must be 1 to 3 positive integers, got {dims!r}")
-    padded = values + (1,) * (3 - len(values))
-    return (padded[0], padded[1], padded[2])
+def check_dims(name: str, dims: Iterable[int]) -> tuple[int, int, int]:
+    """Normalise a grid or block shape to three positive ints (missing parts are 1).
+
+    Each part is an integer (numpy integers too, bools not) in 1..2**31-1; anything else,
+    a non-iterable included, raises `ContractError`.
+    """
+    return _validate.dims(name, dims)

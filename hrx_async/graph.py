@@ -8,12 +8,11 @@ summarises each region's accesses. The runtime turns a plan into a
 
 from __future__ import annotations
 
-import numbers
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _validate
 from .contract import Access, KernelContract
 from .errors import ContractError
 from .kernels import GpuKernel, NpuKernel
@@ -109,7 +108,9 @@ class Graph:
     """Records fills, copies, GPU kernels, NPU kernels and host functions over views.
 
     Every method validates its input at once and returns the new node's index;
-    a rejected call leaves the graph unchanged.
+    a rejected call raises `ContractError` and leaves the graph unchanged. Views
+    must be live, of this graph's runtime and lists of them ordered (lists, tuples,
+    iterators; not sets, mappings or strings).
     """
 
     def __init__(
@@ -118,8 +119,10 @@ class Graph:
         label: str = "graph",
         preparer: Callable[[GraphPlan], PreparedGraph] | None = None,
     ) -> None:
-        self.domain = domain
-        self.label = label
+        self.domain = _validate.instance(domain, Domain, "a graph's domain", "Runtime.graph()")
+        self.label = _validate.text(label, "a graph label")
+        if preparer is not None:
+            _validate.function(preparer, "a graph's preparer")
         self._nodes: list[Node] = []
         self._preparer = preparer
 
@@ -136,12 +139,9 @@ class Graph:
         """Set every byte of `view` to `value` (compute lane)."""
         self._check_view(view, "fill")
         # numpy integers are bytes too; bools and floats are not.
-        if type(value) is int:  # the common case, without an ABC check
-            byte: int | None = value
-        else:
-            byte = operator.index(value) if isinstance(value, numbers.Integral) else None
-        if isinstance(value, bool) or byte is None or not 0 <= byte <= 255:
-            raise ContractError(f"fill value must be a byte 0..255, got {value!r}")
+        byte = _validate.as_integer(value)
+        if byte is None or not 0 <= byte <= 255:
+            raise ContractError(f"fill value must be a byte 0..255, got {_validate.shown(value)}")
         return self._add(Lane.COMPUTE, Fill(view, byte), ((view, Access.WRITE),))
 
     def copy(self, dst: View, src: View, lane: Lane | None = None) -> int:
@@ -158,13 +158,18 @@ class Graph:
         if lane is None:
             lane = _copy_lane(dst, src)
         elif not isinstance(lane, Lane) or lane not in _COPY_LANES:
-            raise ContractError(f"a copy runs on upload, compute or download, not {lane!r}")
+            raise ContractError(
+                f"a copy runs on upload, compute or download, not {_validate.shown(lane)}"
+            )
         return self._add(lane, Copy(dst, src), ((src, Access.READ), (dst, Access.WRITE)))
 
     def gpu(self, kernel: GpuKernel, views: Sequence[View], allow_alias: bool = False) -> int:
         """Launch a loaded GPU kernel on `views`, one per contract binding (compute lane)."""
         if not isinstance(kernel, GpuKernel):
-            raise ContractError(f"gpu() takes a kernel from load_gpu_kernel, got {kernel!r}")
+            raise ContractError(
+                f"gpu() takes a kernel from load_gpu_kernel, got {_validate.shown(kernel)}"
+            )
+        _validate.flag(allow_alias, "allow_alias")
         bound = self._check_kernel(kernel.name, kernel.domain, kernel.contract, views, allow_alias)
         for view in bound:
             if not view.buffer.placement.gpu_bindable:
@@ -178,7 +183,9 @@ class Graph:
     def npu(self, kernel: NpuKernel, views: Sequence[View]) -> int:
         """Run a loaded NPU program on `views` (its own region on that NPU's lane)."""
         if not isinstance(kernel, NpuKernel):
-            raise ContractError(f"npu() takes a kernel from load_artifact, got {kernel!r}")
+            raise ContractError(
+                f"npu() takes a kernel from load_artifact, got {_validate.shown(kernel)}"
+            )
         bound = self._check_kernel(kernel.name, kernel.domain, kernel.contract, views, False)
         for view in bound:
             if not view.buffer.placement.npu_bindable(kernel.npu):
@@ -197,11 +204,13 @@ class Graph:
         function (awaited on the event loop). Views must be host-mappable.
         """
         if not callable(fn):
-            raise ContractError(f"host() takes a callable, got {fn!r}")
-        pairs = tuple(accesses)
+            raise ContractError(f"host() takes a callable, got {_validate.shown(fn)}")
+        pairs = _validate.items(accesses, "host() accesses")
         for pair in pairs:
             if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Access)):
-                raise ContractError(f"host() accesses are (view, Access) pairs, got {pair!r}")
+                raise ContractError(
+                    f"host() accesses are (view, Access) pairs, got {_validate.shown(pair)}"
+                )
             view = pair[0]
             self._check_view(view, "host function access")
             if not view.buffer.placement.host_mappable:
@@ -245,22 +254,7 @@ class Graph:
         return index
 
     def _check_view(self, view: object, what: str) -> View:
-        if not isinstance(view, View):
-            raise ContractError(
-                f"{what} must be a View (buffer.view() or buffer[a:b]), got {view!r}"
-            )
-        buffer = view.buffer
-        if buffer.domain is not self.domain:
-            raise ContractError(
-                f"{what} {view} belongs to another runtime ({buffer.domain.label}); "
-                f"this graph records for {self.domain.label}"
-            )
-        buffer.check_alive()
-        if view.offset < 0 or view.nbytes < 1 or view.end > buffer.nbytes:
-            raise ContractError(
-                f"{what} {view} is outside its {buffer.nbytes}-byte buffer or empty"
-            )
-        return view
+        return _validate.view_of(view, self.domain, what)
 
     def _check_kernel(
         self,
@@ -272,7 +266,7 @@ class Graph:
     ) -> tuple[View, ...]:
         if domain is not self.domain:
             raise ContractError(f"kernel {name!r} was loaded by another runtime")
-        bound = tuple(views)
+        bound = _validate.items(views, f"kernel {name!r} views")
         bindings = contract.bindings
         if len(bound) != len(bindings):
             raise ContractError(

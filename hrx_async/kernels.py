@@ -13,18 +13,18 @@ whole bound view (reinterpret with `.view(np.int32)` and the like), and
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from . import _validate
 from .contract import KernelContract
 from .errors import ContractError
-
-if TYPE_CHECKING:
-    from .memory import Domain
+from .memory import Domain
 
 HostKernel = Callable[[list[np.ndarray[Any, np.dtype[np.uint8]]], bytes], None]
 
@@ -38,15 +38,42 @@ class KernelSource:
     binary: Mapping[str, str | Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.cxx is None and self.host is None and not self.binary:
-            raise ContractError("a KernelSource needs cxx source, a host callable or a binary")
+        if self.cxx is not None:
+            _validate.text(self.cxx, "KernelSource.cxx (C++ source text)")
         if self.host is not None and not callable(self.host):
-            raise ContractError(f"KernelSource.host must be callable, got {self.host!r}")
+            raise ContractError(
+                f"KernelSource.host must be callable, got {_validate.shown(self.host)}"
+            )
+        binary = self.binary
+        if not isinstance(binary, Mapping):
+            raise ContractError(
+                "KernelSource.binary must be a mapping of target to file path, got "
+                f"{_validate.shown(binary)}"
+            )
+        for target, path in binary.items():
+            if not isinstance(target, str) or not target or not isinstance(path, str | os.PathLike):
+                raise ContractError(
+                    "KernelSource.binary maps target names (str) to file paths (str or Path), "
+                    f"got {_validate.shown(target)}: {_validate.shown(path)}"
+                )
+        if self.cxx is None and self.host is None and not binary:
+            raise ContractError("a KernelSource needs cxx source, a host callable or a binary")
+
+
+def _check_loaded(kernel: GpuKernel | NpuKernel) -> None:
+    _validate.text(kernel.name, "a kernel name", empty=False)
+    _validate.instance(kernel.contract, KernelContract, "a kernel contract")
+    _validate.instance(kernel.source, KernelSource, "a kernel source")
+    _validate.text(kernel.target, "a kernel target")
+    _validate.instance(kernel.domain, Domain, "a kernel's domain", "a runtime's domain")
 
 
 @dataclass(frozen=True, eq=False)
 class GpuKernel:
-    """A kernel loaded for one runtime's GPU, with its launch shape and contract."""
+    """A kernel loaded for one runtime's GPU, with its launch shape and contract.
+
+    Made by `Runtime.load_gpu_kernel`; a record made directly is checked the same way.
+    """
 
     name: str
     grid: tuple[int, int, int]
@@ -58,10 +85,23 @@ class GpuKernel:
     native: Any = None
     shared_bytes: int = 0
 
+    def __post_init__(self) -> None:
+        _check_loaded(self)
+        object.__setattr__(self, "grid", _validate.dims("grid", self.grid))
+        object.__setattr__(self, "block", _validate.dims("block", self.block))
+        object.__setattr__(
+            self,
+            "shared_bytes",
+            _validate.integer(self.shared_bytes, "shared_bytes", 0, _validate.MAX_DIM),
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class NpuKernel:
-    """A program loaded on one NPU (`npu` is its index), with its column count and contract."""
+    """A program loaded on one NPU (`npu` is its index), with its column count and contract.
+
+    Made by `NpuDevice.load_artifact`; a record made directly is checked the same way.
+    """
 
     name: str
     npu: int
@@ -71,3 +111,8 @@ class NpuKernel:
     target: str
     domain: Domain
     native: Any = None
+
+    def __post_init__(self) -> None:
+        _check_loaded(self)
+        object.__setattr__(self, "npu", _validate.integer(self.npu, "an NPU index", 0))
+        object.__setattr__(self, "columns", _validate.integer(self.columns, "NPU columns", 1))

@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import _validate
 from .errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
 
 if TYPE_CHECKING:
@@ -36,6 +37,18 @@ class Placement:
 
     kind: PlacementKind
     npu: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, PlacementKind):
+            raise ContractError(
+                f"a placement kind must be a PlacementKind, got {_validate.shown(self.kind)}"
+            )
+        if self.kind in (PlacementKind.NPU_LOCAL, PlacementKind.SHARED):
+            object.__setattr__(self, "npu", _npu_index(self.npu))
+        elif self.npu is not None:
+            raise ContractError(
+                f"{self.kind.value} memory belongs to no NPU; got npu={_validate.shown(self.npu)}"
+            )
 
     @property
     def host_mappable(self) -> bool:
@@ -67,20 +80,18 @@ GPU_LOCAL = Placement(PlacementKind.GPU_LOCAL)
 HOST_VISIBLE = Placement(PlacementKind.HOST_VISIBLE)
 
 
-def _npu_index(npu: int) -> int:
-    if not isinstance(npu, int) or isinstance(npu, bool) or npu < 0:
-        raise ContractError(f"an NPU index must be an integer >= 0, got {npu!r}")
-    return npu
+def _npu_index(npu: object) -> int:
+    return _validate.integer(npu, "an NPU index", 0)
 
 
 def npu_local(npu: int) -> Placement:
     """Host-mapped storage of NPU `npu`; NPU kernels of that NPU bind it, GPU kernels cannot."""
-    return Placement(PlacementKind.NPU_LOCAL, _npu_index(npu))
+    return Placement(PlacementKind.NPU_LOCAL, npu)
 
 
 def shared(npu: int) -> Placement:
     """One allocation both the GPU and NPU `npu` use without copies."""
-    return Placement(PlacementKind.SHARED, _npu_index(npu))
+    return Placement(PlacementKind.SHARED, npu)
 
 
 _domain_ids = itertools.count(1)
@@ -92,8 +103,8 @@ class Domain:
     __slots__ = ("ident", "label")
 
     def __init__(self, label: str) -> None:
+        self.label = _validate.text(label, "a domain label")
         self.ident = next(_domain_ids)
-        self.label = label
 
     def __repr__(self) -> str:
         return f"<Domain {self.ident} {self.label}>"
@@ -131,6 +142,7 @@ class Buffer:
     """Bytes with a placement, owned by one runtime. Starts zeroed.
 
     `free()` gives the memory back (also done when the buffer is garbage collected).
+    The constructor checks its arguments but is the runtime's: use `Runtime.allocate`.
     """
 
     __slots__ = (
@@ -148,9 +160,14 @@ class Buffer:
     def __init__(
         self, owner: BufferOwner, nbytes: int, placement: Placement, storage: Any, label: str = ""
     ) -> None:
+        if not isinstance(getattr(owner, "domain", None), Domain):
+            raise ContractError(
+                f"a buffer's owner must be a runtime (with a Domain), got {_validate.shown(owner)}"
+            )
         self._owner = owner
-        self.nbytes = nbytes
-        self.placement = placement
+        self.nbytes = _validate.integer(nbytes, "a buffer size", 1)
+        self.placement = _validate.instance(placement, Placement, "a buffer placement")
+        _validate.text(label, "a buffer label")
         self.storage = storage
         self.ident = next(_buffer_ids)
         self.label = label or f"buffer#{self.ident}"
@@ -172,7 +189,10 @@ class Buffer:
     def view(self, offset: int = 0, nbytes: int | None = None) -> View:
         """The bytes [offset, offset + nbytes) (to the end when nbytes is None)."""
         self.check_alive()
-        return View(self, 0, self.nbytes).slice(offset, nbytes)
+        whole = View._make(self, 0, self.nbytes)
+        if type(offset) is int and offset == 0 and nbytes is None:
+            return whole
+        return whole.slice(offset, nbytes)
 
     def __getitem__(self, key: builtins.slice) -> View:
         return self.view()[key]
@@ -205,35 +225,65 @@ class Buffer:
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """The byte range [offset, offset + nbytes) of one buffer. Offsets are absolute."""
+    """The byte range [offset, offset + nbytes) of one buffer. Offsets are absolute.
+
+    Made by `buffer.view()`, `buffer[a:b]` or slicing another view; made directly, the
+    same rules hold: a live buffer, integer offset >= 0 and length >= 1, inside the buffer.
+    """
 
     buffer: Buffer
     offset: int
     nbytes: int
+
+    def __post_init__(self) -> None:
+        buffer = self.buffer
+        if not isinstance(buffer, Buffer):
+            raise ContractError(
+                f"a View is a byte range of a Buffer, got {_validate.shown(buffer)}"
+            )
+        buffer.check_alive()
+        offset, nbytes = _validate.view_range(buffer.nbytes, self.offset, self.nbytes)
+        if type(self.offset) is not int or type(self.nbytes) is not int:
+            object.__setattr__(self, "offset", offset)
+            object.__setattr__(self, "nbytes", nbytes)
+
+    @classmethod
+    def _make(cls, buffer: Buffer, offset: int, nbytes: int) -> View:
+        """A view from values already checked against `buffer` (slicing's fast path)."""
+        view = object.__new__(cls)
+        object.__setattr__(view, "buffer", buffer)
+        object.__setattr__(view, "offset", offset)
+        object.__setattr__(view, "nbytes", nbytes)
+        return view
 
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
 
     def slice(self, offset: int = 0, nbytes: int | None = None) -> View:
-        """A sub-range, relative to this view; bounds-checked."""
-        if not isinstance(offset, int) or offset < 0 or offset > self.nbytes:
+        """A sub-range, relative to this view; bounds-checked (integers, not bools)."""
+        start = _validate.as_integer(offset)
+        if start is None or start < 0 or start > self.nbytes:
             raise ContractError(
-                f"slice offset must be in 0..{self.nbytes} for a {self.nbytes}-byte view, "
-                f"got {offset!r}"
+                f"slice offset must be an integer in 0..{self.nbytes} for a {self.nbytes}-byte "
+                f"view, got {_validate.shown(offset)}"
             )
-        if nbytes is None:
-            nbytes = self.nbytes - offset
-        if not isinstance(nbytes, int) or nbytes < 1 or offset + nbytes > self.nbytes:
+        length = self.nbytes - start if nbytes is None else _validate.as_integer(nbytes)
+        if length is None or length < 1 or start + length > self.nbytes:
+            shown = _validate.shown(length if nbytes is None else nbytes)
             raise ContractError(
-                f"slice length must be 1..{self.nbytes - offset} at offset {offset} of a "
-                f"{self.nbytes}-byte view, got {nbytes!r}"
+                f"slice length must be an integer in 1..{self.nbytes - start} at offset {start} "
+                f"of a {self.nbytes}-byte view, got {shown}"
             )
-        return View(self.buffer, self.offset + offset, nbytes)
+        return View._make(self.buffer, self.offset + start, length)
 
     def __getitem__(self, key: builtins.slice) -> View:
-        if not isinstance(key, builtins.slice) or key.step not in (None, 1):
-            raise ContractError(f"views are sliced by contiguous byte ranges [a:b], got {key!r}")
+        if not isinstance(key, builtins.slice) or not (
+            key.step is None or _validate.as_integer(key.step) == 1
+        ):
+            raise ContractError(
+                f"views are sliced by contiguous byte ranges [a:b], got {_validate.shown(key)}"
+            )
         # Negative bounds count from the end as in Python, but out-of-range bounds are not
         # clamped: a shorter view than asked for would only fail later, far from the cause.
         start = _slice_bound(key.start, 0, self.nbytes)
@@ -244,7 +294,7 @@ class View:
                 f"view; allowed: integers with 0 <= a < b <= {self.nbytes} (negative ones count "
                 "from the end)"
             )
-        return View(self.buffer, self.offset + start, stop - start)
+        return View._make(self.buffer, self.offset + start, stop - start)
 
     def overlaps(self, other: View) -> bool:
         return self.buffer is other.buffer and self.offset < other.end and other.offset < self.end
@@ -290,19 +340,35 @@ def _slice_bound(bound: object, default: int, size: int) -> int | None:
     """A `[a:b]` bound as an offset (None when it is not an integer)."""
     if bound is None:
         return default
-    if not isinstance(bound, int):
+    number = _validate.as_integer(bound)
+    if number is None:
         return None
-    return bound + size if bound < 0 else bound
+    return number + size if number < 0 else number
 
 
 class HostMapping:
-    """A live host mapping; a synchronous context manager returned by the `*_nowait` forms."""
+    """A live host mapping; a synchronous context manager returned by the `*_nowait` forms.
+
+    Closing the runtime while the mapping is held invalidates it: `memory` is released
+    (using it raises `ValueError`), entering it raises `RuntimeClosed`, and `close()`
+    stays harmless.
+    """
 
     __slots__ = ("_release", "memory", "view", "write")
 
     def __init__(
         self, view: View, memory: memoryview, write: bool, release: Callable[[], None]
     ) -> None:
+        if not (
+            isinstance(view, View)
+            and isinstance(memory, memoryview)
+            and isinstance(write, bool)
+            and callable(release)
+        ):
+            raise ContractError(
+                "a HostMapping is made by map_read_nowait()/map_write_nowait(), got "
+                f"{_validate.shown((view, memory, write, release))}"
+            )
         self.view = view
         self.memory = memory
         self.write = write
@@ -317,16 +383,21 @@ class HostMapping:
     def __enter__(self) -> memoryview:
         if self._release is None:
             raise RuntimeClosed("this host mapping was already released")
+        try:
+            self.memory.nbytes  # noqa: B018 - raises once the memoryview is released
+        except ValueError:
+            raise RuntimeClosed(
+                "this host mapping was invalidated: its runtime closed while it was held"
+            ) from None
         return self.memory
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _check_amount(nbytes: object, what: str) -> None:
+def _check_amount(nbytes: object, what: str) -> int:
     # A negative charge would silently grow the budget, a negative release shrink it.
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
-        raise ContractError(f"a memory budget can {what} an integer >= 1 byte, got {nbytes!r}")
+    return _validate.integer(nbytes, f"a memory budget {what}", 1)
 
 
 class MemoryBudget:
@@ -335,15 +406,13 @@ class MemoryBudget:
     __slots__ = ("_lock", "limit", "reserved_bytes")
 
     def __init__(self, limit: int) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ContractError(f"a memory budget must be an integer >= 1 byte, got {limit!r}")
-        self.limit = limit
+        self.limit = _validate.integer(limit, "a memory budget (bytes)", 1)
         self.reserved_bytes = 0
         self._lock = threading.Lock()
 
     def charge(self, nbytes: int) -> None:
         """Reserve `nbytes`: `BudgetExceeded` if it can never fit, `Busy` if it does not fit now."""
-        _check_amount(nbytes, "charge")
+        nbytes = _check_amount(nbytes, "charge")
         if nbytes > self.limit:
             raise BudgetExceeded(
                 f"{nbytes} bytes can never fit in a memory budget of {self.limit} bytes"
@@ -357,7 +426,7 @@ class MemoryBudget:
             self.reserved_bytes += nbytes
 
     def release(self, nbytes: int) -> None:
-        _check_amount(nbytes, "release")
+        nbytes = _check_amount(nbytes, "release")
         with self._lock:
             if nbytes > self.reserved_bytes:
                 raise ContractError(

@@ -7,10 +7,13 @@ records, prepares or submits is synchronous; only waiting is async.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -19,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from .backends import open_gpu_backend
+from . import _validate
+from .backends import GPU_BACKENDS, open_gpu_backend
 from .backends.base import Backend
 from .backends.sim import SimBackend
 from .contract import Access, KernelContract, check_dims
 from .errors import (
+    BackendError,
     Busy,
     ContractError,
     DeviceLost,
@@ -54,6 +59,10 @@ if TYPE_CHECKING:
     from .interop import GpuAccess
 
 
+_MAX_SIM_NPUS = 64
+"""Each sim NPU is a lane task; more than this is a mistake, not a machine."""
+
+
 @dataclass(frozen=True)
 class GpuDevice:
     """The runtime's GPU: which backend drives it and the code target kernels need."""
@@ -82,13 +91,20 @@ class NpuDevice:
 
 
 class _MappingToken:
-    """A live host mapping as the tracker and the conflict check see it."""
+    """A live host mapping as the tracker and the conflict check see it.
 
-    __slots__ = ("end", "start", "view", "write")
+    `memory` is the memoryview handed out (None until the bytes are mapped); `task` is the
+    task holding an `async with` mapping, None for the `*_nowait` forms (and for the
+    `gpu_access` blocks of `hrx_async.interop`, which subclass this).
+    """
 
-    def __init__(self, view: View, write: bool) -> None:
+    __slots__ = ("end", "memory", "start", "task", "view", "write")
+
+    def __init__(self, view: View, write: bool, task: object = None) -> None:
         self.view = view
         self.write = write
+        self.task = task
+        self.memory: memoryview | None = None
         self.start, self.end = tracked_range(view)
 
     def conflict(self, label: str, start: int, end: int) -> str:
@@ -104,6 +120,25 @@ class Runtime:
 
     backend: "auto" (HRX_BACKEND, else cuda, hip, then sim), "sim", "cuda" or "hip".
     npu: "auto" or "sim" (sim NPUs), or None for no NPU.
+    memory_budget: None or bytes >= 1. max_submissions: >= 1. device: >= 0.
+    sim_npus: 0..64. label: a string. Integers may be numpy integers, never bools or
+    floats; anything else raises `ContractError`.
+
+    Leaving `async with Runtime() as rt:`
+
+    * normally: waits until the runtime is quiet — every submission finished and every
+      `async with view.map_read()/map_write()` (and `gpu_access`) block held by another
+      task ended, including work and mappings those tasks start meanwhile — then
+      refuses new mappings and closes. Cancelling this wait closes at once, as below.
+    * with an exception (cancellation included): cancels submitted work that has not
+      started, waits for what runs, and does not wait for mappings.
+
+    Either way, mappings still held when the backend closes — `*_nowait` mappings, and
+    on an abnormal exit the `async with` ones — are invalidated first: their memoryviews
+    are released (any later use raises `ValueError`), and releasing them afterwards is
+    harmless. Native memory still reachable through an object derived from a mapping (a
+    slice, a cast, a numpy array over it) is not freed until that object is gone, so
+    nothing can write into freed storage.
     """
 
     def __init__(
@@ -116,14 +151,15 @@ class Runtime:
         sim_npus: int = 1,
         label: str = "runtime",
     ) -> None:
-        if not isinstance(max_submissions, int) or max_submissions < 1:
-            raise ContractError(f"max_submissions must be an integer >= 1, got {max_submissions!r}")
-        if not isinstance(device, int) or device < 0:
-            raise ContractError(f"device must be an integer >= 0, got {device!r}")
-        if npu not in ("auto", "sim", None):
-            raise ContractError(f"npu must be 'auto', 'sim' or None, got {npu!r}")
-        if not isinstance(sim_npus, int) or sim_npus < 0:
-            raise ContractError(f"sim_npus must be an integer >= 0, got {sim_npus!r}")
+        # Names are checked when the backend opens (`async with`), where HRX_BACKEND is read.
+        backend = _validate.text(backend, f"backend (auto, {', '.join(GPU_BACKENDS)})", empty=False)
+        npu = _validate.choice(npu, "npu", ("auto", "sim", None))
+        if memory_budget is not None:
+            memory_budget = _validate.integer(memory_budget, "memory_budget (bytes)", 1)
+        max_submissions = _validate.integer(max_submissions, "max_submissions", 1)
+        device = _validate.integer(device, "device", 0)
+        sim_npus = _validate.integer(sim_npus, "sim_npus", 0, _MAX_SIM_NPUS)
+        label = _validate.text(label, "label")
         self._budget = MemoryBudget(memory_budget) if memory_budget is not None else None
         self._backend_name = backend
         self._npu_mode = npu
@@ -142,6 +178,12 @@ class Runtime:
         self._finalizers: dict[int, weakref.finalize[Any, Any]] = {}
         self._mappings: dict[int, list[_MappingToken]] = {}
         self._mapping_count = 0
+        self._mapping_ended: anyio.Event | None = None
+        """Set when a mapping ends while closing waits for mappings to end."""
+        self._exports: dict[int, list[weakref.ref[Any]]] = {}
+        """Per buffer, the host arrays behind the memoryviews mappings handed out."""
+        self._closing = False
+        self._task_getter: Callable[[], object] | None = None
         self._trace: TraceRecorder | None = None
         self._lost: BaseException | None = None
         self._entered = False
@@ -175,24 +217,94 @@ class Runtime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        """Close as the class docstring says: quiet first on a normal exit, then close."""
         scheduler, task_group = self._scheduler, self._task_group
         assert scheduler is not None and task_group is not None
         try:
-            with anyio.CancelScope(shield=True):
-                try:
-                    if exc is not None:
-                        scheduler.cancel_all()
-                    await scheduler.drain()
-                finally:
-                    scheduler.close_lanes()
-            # The lanes are closed and drained; the body's own exception (if any) propagates
-            # as it is rather than wrapped in the lanes' task group.
-            await task_group.__aexit__(None, None, None)
-            return None
+            if exc is None:
+                await self._settle(scheduler)
         finally:
-            self._close_backends()
+            self._closing = True
+            try:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        if exc is not None:
+                            scheduler.cancel_all()
+                        await scheduler.drain()
+                    finally:
+                        scheduler.close_lanes()
+                # The lanes are closed and drained; the body's own exception (if any)
+                # propagates as it is rather than wrapped in the lanes' task group.
+                await task_group.__aexit__(None, None, None)
+            finally:
+                self._close_backends()
+        return None
+
+    async def _settle(self, scheduler: Scheduler) -> None:
+        """Wait until no submission is in flight and no other task holds an `async with`
+        mapping. Draining is shielded as on every exit; waiting for mappings is not."""
+        me = self._current_task()
+        while True:
+            with anyio.CancelScope(shield=True):
+                await scheduler.drain()
+            held = self._held_elsewhere(me)
+            if held is None:
+                return
+            ended = self._mapping_ended = anyio.Event()
+            if held:
+                await ended.wait()
+            else:
+                # A gpu_access block ends without telling the runtime: look again soon.
+                with anyio.move_on_after(0.005):
+                    await ended.wait()
+
+    def _held_elsewhere(self, me: object) -> bool | None:
+        """None when no other task holds a mapping closing waits for; True when one does
+        and will say when it ends; False when only a `gpu_access` block (which does not)
+        is held."""
+        found: bool | None = None
+        for tokens in self._mappings.values():
+            for token in tokens:
+                if token.task is not None:
+                    if token.task is not me:
+                        return True
+                elif type(token) is not _MappingToken:
+                    found = False
+        return found
+
+    def _invalidate_mappings(self) -> None:
+        """Release every memoryview live mappings handed out and forget the mappings, so
+        ending them later changes nothing."""
+        for tokens in self._mappings.values():
+            for token in tokens:
+                memory = token.memory
+                if memory is not None:
+                    # BufferError: something holds a raw buffer export of the memoryview;
+                    # the storage under it then stays allocated (see _release_storage).
+                    with contextlib.suppress(BufferError):
+                        memory.release()
+        self._mappings.clear()
+        self._mapping_count = 0
+
+    def _current_task(self) -> object:
+        """The running task (asyncio or trio), found cheaply: `async with` mappings note
+        theirs so that closing never waits on the closing task itself."""
+        getter = self._task_getter
+        if getter is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                import trio.lowlevel
+
+                getter = trio.lowlevel.current_task
+            else:
+                getter = asyncio.current_task
+            self._task_getter = getter
+        return getter()
 
     def _close_backends(self) -> None:
+        self._closing = True
+        self._invalidate_mappings()
         for ident, finalizer in list(self._finalizers.items()):
             buffer = self._buffers.get(ident)
             finalizer()
@@ -265,12 +377,12 @@ class Runtime:
     ) -> GpuKernel:
         """Load (compile if needed) a GPU kernel for this runtime's device."""
         backend = self._backend_or_raise()
-        if not isinstance(source, KernelSource):
-            raise ContractError(f"source must be a KernelSource, got {source!r}")
-        if not isinstance(contract, KernelContract):
-            raise ContractError(f"contract must be a KernelContract, got {contract!r}")
-        grid3, block3 = check_dims("grid", tuple(grid)), check_dims("block", tuple(block))
-        flags = {str(k): str(v) for k, v in (defines or {}).items()}
+        _validate.instance(source, KernelSource, "source")
+        _validate.text(name, "a kernel name", empty=False)
+        grid3, block3 = check_dims("grid", grid), check_dims("block", block)
+        _validate.instance(contract, KernelContract, "contract")
+        flags = _validate.string_map(defines, "defines")
+        shared_bytes = _validate.integer(shared_bytes, "shared_bytes", 0, _validate.MAX_DIM)
         native = backend.load_gpu_kernel(source, name, grid3, block3, contract, flags)
         return GpuKernel(
             name, grid3, block3, contract, source, backend.target, self.domain, native, shared_bytes
@@ -286,8 +398,10 @@ class Runtime:
     ) -> NpuKernel:
         self._scheduler_or_raise()
         assert self._npu_backend is not None
-        if not isinstance(source, KernelSource):
-            raise ContractError(f"source must be a KernelSource, got {source!r}")
+        _validate.instance(source, KernelSource, "source")
+        _validate.text(name, "a kernel name", empty=False)
+        columns = _validate.integer(columns, "NPU columns", 1)
+        _validate.instance(contract, KernelContract, "contract")
         native = self._npu_backend.load_npu_kernel(npu.index, source, name, columns, contract)
         return NpuKernel(
             name, npu.index, columns, contract, source, npu.target, self.domain, native
@@ -296,12 +410,14 @@ class Runtime:
     # -- memory ----------------------------------------------------------------
 
     def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
-        """Zeroed memory of `nbytes` (>= 1) with `placement`, charged to the budget first."""
+        """Zeroed memory of `nbytes` (an integer in 1..2**62) with `placement`, charged to
+        the budget first. `ContractError` for bad arguments, `BudgetExceeded`/`Busy` from
+        the budget, `BackendError` (code "out of memory") when the backend has no room;
+        nothing is allocated or counted when it raises."""
         backend = self._backend_or_raise()
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
-            raise ContractError(f"allocation size must be an integer >= 1 byte, got {nbytes!r}")
-        if not isinstance(placement, Placement):
-            raise ContractError(f"placement must be a Placement, got {placement!r}")
+        nbytes = _validate.integer(nbytes, "allocation size (bytes)", 1, _validate.MAX_ALLOCATION)
+        _validate.instance(placement, Placement, "placement", "GPU_LOCAL, HOST_VISIBLE, ...")
+        _validate.text(label, "label")
         if placement.npu is not None:
             npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
             if placement.npu >= npus:
@@ -312,9 +428,16 @@ class Runtime:
             self._budget.charge(nbytes)
         try:
             storage = backend.allocate(nbytes, placement)
-        except BaseException:
+        except BaseException as exc:
             if self._budget is not None:
                 self._budget.release(nbytes)
+            if isinstance(exc, MemoryError):
+                raise BackendError(
+                    backend.name,
+                    "allocate",
+                    "out of memory",
+                    f"{nbytes} bytes of {placement} memory do not fit",
+                ) from exc
             raise
         buffer = Buffer(self, nbytes, placement, storage, label)
         self._counters.allocated(nbytes)
@@ -328,8 +451,15 @@ class Runtime:
 
     def _release_storage(self, ident: int, storage: Any, nbytes: int) -> None:
         self._finalizers.pop(ident, None)
+        refs = self._exports.pop(ident, ())
+        # Host arrays handed out by mappings that something still reaches (a slice of a
+        # memoryview, a numpy array over it) keep the native memory until they are gone.
+        exported = [array for array in (ref() for ref in refs) if array is not None]
         if self._backend is not None:
-            self._backend.free(storage)
+            if exported:
+                _DeferredFree(self._backend.free, storage, exported)
+            else:
+                self._backend.free(storage)
         self._counters.released(nbytes)
         if self._budget is not None:
             self._budget.release(nbytes)
@@ -429,16 +559,16 @@ class Runtime:
         self, view: View, write: bool, wait: bool
     ) -> tuple[_MappingToken, list[RegionRun]]:
         scheduler = self._scheduler_or_raise()
-        if not isinstance(view, View) or view.buffer.domain is not self.domain:
-            raise ContractError(f"{view!r} is not a view of this runtime")
+        if self._closing:
+            raise RuntimeClosed("the runtime is closing; it maps no more memory")
+        view = _validate.view_of(view, self.domain, "a mapped view")
         buffer = view.buffer
-        buffer.check_alive()
         if not buffer.placement.host_mappable:
             raise Unsupported(
                 f"{buffer.label} is {buffer.placement} memory, which cannot be host-mapped; "
                 "copy it to HOST_VISIBLE memory"
             )
-        token = _MappingToken(view, write)
+        token = _MappingToken(view, write, self._current_task() if wait else None)
         whole = view.offset == 0 and view.nbytes == buffer.nbytes
         if buffer.poison is not None and not (write and whole):
             raise PoisonedError(buffer.label, buffer.poison)
@@ -458,23 +588,45 @@ class Runtime:
         self._mapping_count += 1
         return token, pending
 
-    def _end_map(self, token: _MappingToken) -> None:
+    def _forget_map(self, token: _MappingToken) -> bool:
+        """Drop a mapping's token; False when it had already ended or closing dropped it."""
+        token.memory = None
         buffer = token.view.buffer
         tokens = self._mappings.get(buffer.ident)
         if tokens is None or token not in tokens:
-            return
+            return False
         tokens.remove(token)
         if not tokens:
             del self._mappings[buffer.ident]
         self._mapping_count -= 1
         if self._scheduler is not None:
             self._scheduler.tracker.forget(token)
+        return True
+
+    def _end_map(self, token: _MappingToken) -> None:
+        if not self._forget_map(token):
+            return  # ending it again, or after closing invalidated it, changes nothing
+        buffer = token.view.buffer
         if token.write and token.view.offset == 0 and token.view.nbytes == buffer.nbytes:
             buffer.poison = None
+        ended = self._mapping_ended
+        if ended is not None and token.task is not None:
+            # Only `async with` mappings end here on the loop thread; closing waits on them.
+            self._mapping_ended = None
+            ended.set()
 
     def _memory(self, view: View, write: bool) -> memoryview:
         backend = self._backend_or_raise()
-        memory = backend.host_array(view.buffer.storage, view.offset, view.nbytes).data
+        # A fresh array per mapping: while a weak reference to it is alive, something
+        # derived from the memoryview still reaches the storage (see _release_storage).
+        array = backend.host_array(view.buffer.storage, view.offset, view.nbytes).view()
+        refs = self._exports.get(view.buffer.ident)
+        if refs is None:
+            refs = self._exports[view.buffer.ident] = []
+        elif len(refs) >= 8:  # mostly dead references of mappings that ended
+            refs[:] = [ref for ref in refs if ref() is not None]
+        refs.append(weakref.ref(array))
+        memory = array.data
         return memory if write else memory.toreadonly()
 
     @asynccontextmanager
@@ -486,7 +638,7 @@ class Runtime:
             poison = view.buffer.poison
             if poison is not None and not write:
                 raise PoisonedError(view.buffer.label, poison)
-            memory = self._memory(view, write)
+            memory = token.memory = self._memory(view, write)
             try:
                 yield memory
             finally:
@@ -496,7 +648,12 @@ class Runtime:
 
     def _map_nowait(self, view: View, write: bool) -> HostMapping:
         token, _ = self._begin_map(view, write, wait=False)
-        return HostMapping(view, self._memory(view, write), write, lambda: self._end_map(token))
+        try:
+            memory = token.memory = self._memory(token.view, write)
+        except BaseException:
+            self._forget_map(token)  # nothing was mapped: no mapping to end
+            raise
+        return HostMapping(token.view, memory, write, lambda: self._end_map(token))
 
     # -- interop (hrx_async.interop) -------------------------------------------
 
@@ -539,6 +696,30 @@ class Runtime:
         from .interop import dlpack_device
 
         return dlpack_device(self, view)
+
+
+class _DeferredFree:
+    """Frees native storage once every given host array over it has been collected."""
+
+    __slots__ = ("_free", "_left", "_lock", "_storage")
+
+    def __init__(self, free: Callable[[Any], None], storage: Any, arrays: list[Any]) -> None:
+        self._free: Callable[[Any], None] | None = free
+        self._storage = storage
+        self._left = len(arrays)
+        self._lock = threading.Lock()
+        for array in arrays:
+            weakref.finalize(array, self._gone)
+
+    def _gone(self) -> None:
+        # The last array may go on any thread; the lock makes exactly one call free.
+        with self._lock:
+            self._left -= 1
+            free, storage = (self._free, self._storage) if self._left == 0 else (None, None)
+            if free is not None:
+                self._free = self._storage = None
+        if free is not None:
+            free(storage)
 
 
 __all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]

@@ -196,9 +196,14 @@ def test_unequal_copy_lengths(setup: Setup) -> None:
     ("offset", "nbytes"), [(0, 0), (16, 0), (-4, 8), (250, 8), (0, 257), (256, 1)]
 )
 def test_empty_or_out_of_range_views(setup: Setup, offset: int, nbytes: int) -> None:
-    # Slicing cannot make these, but a View can be built by hand; recording still refuses.
-    bad = View(setup.gpu, offset, nbytes)
     g = setup.graph
+    # Neither slicing nor building a View by hand can make these.
+    with rejected(g, "integer offset >= 0 and an integer length >= 1|outside its 256-byte"):
+        View(setup.gpu, offset, nbytes)
+    # A view record changed after it was made is still refused by recording.
+    bad = setup.gpu[0:1]
+    object.__setattr__(bad, "offset", offset)
+    object.__setattr__(bad, "nbytes", nbytes)
     with rejected(g, "outside its 256-byte buffer or empty"):
         g.fill(bad, 0)
     with rejected(g, "outside its 256-byte buffer or empty"):
