@@ -18,13 +18,13 @@ import anyio
 from cuda_common import Direct, configure, parser, run
 
 import hrx_async as hrx
-import hrx_async.lanes.scheduler as scheduler_module
+import hrx_async.lanes.watch as watch_module
 from hrx_async.benchmark import LoopLag
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.sweep_limit is not None:
-        scheduler_module.SWEEP_LIMIT = args.sweep_limit
+        watch_module.SWEEP_LIMIT = args.sweep_limit
     direct = Direct()
     async with hrx.Runtime(backend="cuda", npu=None, max_submissions=max(64, args.tasks)) as rt:
         settings = configure(rt, args)
@@ -91,7 +91,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "loop_lag_p99_ms": [round(lag, 3) for lag in lags],
         "loop_lag_p99_ms_worst": round(max(lags), 3),
         "direct_sync_replays_per_s": [round(r) for r in direct_rates],
-        "sweep_limit": scheduler_module.SWEEP_LIMIT,
+        "sweep_limit": watch_module.SWEEP_LIMIT,
         "completions": stats.completions,
         "goal": ">= 40000 completions/s, loop lag p99 <= 2 ms",
     }

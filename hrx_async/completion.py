@@ -166,12 +166,16 @@ class Completion:
     async def wait_done(self) -> None:
         """Wait until finished without raising the submission's error.
 
-        Awaiting is always a checkpoint, even when the work was already done: a task
-        that submits and awaits in a loop must never starve the event loop.
+        On trio, awaiting is always a checkpoint (trio's rule). On asyncio, awaiting a
+        completion that was already done returns at once, as awaiting a finished future
+        does; one that this very await finishes (its sweep found the work done) still
+        yields once, so a task that submits and awaits in a loop never starves the loop.
         """
+        loop = self._loop
+        if loop is not None and self.finished_at is not None:
+            return
         source = self._source
         lead = source.sweep() if source is not None else False
-        loop = self._loop
         if self.finished_at is not None:
             if loop is not None:
                 await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint

@@ -36,7 +36,7 @@ from .contract import Access
 from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
 from .graph import Interval, RegionPlan
 from .lanes.lane import Lane
-from .lanes.scheduler import DONE, FAILED, ISSUED, RegionRun, Submission
+from .lanes.region import DONE, FAILED, ISSUED, RegionRun, Submission
 from .memory import Buffer, Placement, PlacementKind, View
 from .runtime import _MappingToken
 

@@ -40,7 +40,8 @@ from .graph import Graph, GraphPlan, tracked_range
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .lanes.host import HostExecutor
 from .lanes.lane import Lane
-from .lanes.scheduler import RegionRun, Scheduler
+from .lanes.region import RegionRun
+from .lanes.scheduler import Scheduler
 from .memory import (
     GPU_LOCAL,
     Buffer,
@@ -98,13 +99,15 @@ class _MappingToken:
     `gpu_access` blocks of `hrx_async.interop`, which subclass this).
     """
 
-    __slots__ = ("end", "memory", "start", "task", "view", "write")
+    __slots__ = ("end", "mapped", "memory", "start", "task", "view", "write")
 
     def __init__(self, view: View, write: bool, task: object = None) -> None:
         self.view = view
         self.write = write
         self.task = task
         self.memory: memoryview | None = None
+        self.mapped = False
+        """The bytes were handed out: a whole write mapping then counts as an overwrite."""
         self.start, self.end = tracked_range(view)
 
     def conflict(self, label: str, start: int, end: int) -> str:
@@ -209,6 +212,7 @@ class Runtime:
         self._scheduler = Scheduler(
             task_group, self._counters, self.max_submissions, self._device_lost
         )
+        self._scheduler.start(self._sim_npus)
         return self
 
     async def __aexit__(
@@ -571,7 +575,9 @@ class Runtime:
         token = _MappingToken(view, write, self._current_task() if wait else None)
         whole = view.offset == 0 and view.nbytes == buffer.nbytes
         if buffer.poison is not None and not (write and whole):
-            raise PoisonedError(buffer.label, buffer.poison)
+            cause = scheduler.poison_book.overlaps(buffer, token.start, token.end)
+            if cause is not None:
+                raise PoisonedError(buffer.label, cause)
         for other in self._mappings.get(buffer.ident, ()):
             if (write or other.write) and other.start < token.end and token.start < other.end:
                 raise Busy(f"{buffer.label} already has a conflicting host mapping")
@@ -607,8 +613,11 @@ class Runtime:
         if not self._forget_map(token):
             return  # ending it again, or after closing invalidated it, changes nothing
         buffer = token.view.buffer
-        if token.write and token.view.offset == 0 and token.view.nbytes == buffer.nbytes:
-            buffer.poison = None
+        whole = token.view.offset == 0 and token.view.nbytes == buffer.nbytes
+        if token.mapped and token.write and whole and self._scheduler is not None:
+            # A whole write mapping that was handed out overwrote every byte; one that
+            # never got its memory (cancelled or refused while waiting) clears nothing.
+            self._scheduler.poison_book.clear(buffer)
         ended = self._mapping_ended
         if ended is not None and token.task is not None:
             # Only `async with` mappings end here on the loop thread; closing waits on them.
@@ -635,10 +644,14 @@ class Runtime:
         try:
             for dep in pending:
                 await dep.wait_finished()
-            poison = view.buffer.poison
-            if poison is not None and not write:
-                raise PoisonedError(view.buffer.label, poison)
+            if view.buffer.poison is not None and not write:
+                cause = self._scheduler_or_raise().poison_book.overlaps(
+                    view.buffer, token.start, token.end
+                )
+                if cause is not None:
+                    raise PoisonedError(view.buffer.label, cause)
             memory = token.memory = self._memory(view, write)
+            token.mapped = True
             try:
                 yield memory
             finally:
@@ -650,6 +663,7 @@ class Runtime:
         token, _ = self._begin_map(view, write, wait=False)
         try:
             memory = token.memory = self._memory(token.view, write)
+            token.mapped = True
         except BaseException:
             self._forget_map(token)  # nothing was mapped: no mapping to end
             raise

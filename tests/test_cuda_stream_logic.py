@@ -24,7 +24,7 @@ import hrx_async.runtime as runtime_module
 from hrx_async.backends._stream import StreamBackend, make_error
 from hrx_async.errors import ContractError
 from hrx_async.kernel_cache import KernelCache
-from hrx_async.lanes.scheduler import SWEEP_LIMIT
+from hrx_async.lanes.watch import SWEEP_LIMIT
 
 pytestmark = pytest.mark.anyio
 
@@ -608,10 +608,10 @@ async def test_an_idle_loop_hands_overdue_work_to_the_waiter(host_table: HostTab
         scheduler = rt._scheduler_or_raise()
         posts = _count_posts(rt)
         completion = prepared.submit()
-        assert scheduler.watched
+        assert scheduler.watch.watched
         await anyio.sleep(0.03)  # far past the first replay's watch window (budget only)
         assert not completion.done()
-        assert not scheduler.watched  # the loop stopped spinning on it
+        assert not scheduler.watch.watched  # the loop stopped spinning on it
         await completion
         assert posts[0] == 1  # finished by the stream's waiter thread
 
@@ -632,7 +632,7 @@ async def test_a_busy_loop_keeps_sweeping_overdue_work(host_table: HostTable) ->
         async with anyio.create_task_group() as tg:
             tg.start_soon(busy)
             await anyio.sleep(0.03)
-            watched_while_busy = bool(scheduler.watched)
+            watched_while_busy = bool(scheduler.watch.watched)
             stop.set()
         assert not completion.done()
         assert watched_while_busy  # a thread could not have finished it any sooner

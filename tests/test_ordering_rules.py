@@ -424,3 +424,44 @@ async def test_host_function_draining_its_own_runtime_is_refused() -> None:
         with anyio.fail_after(10):
             await g.prepare().submit()
         assert len(seen) == 1
+
+
+async def test_two_tasks_draining_at_once_both_return() -> None:
+    log = Log()
+    async with hrx.Runtime(backend="sim") as rt:
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        g = rt.graph("slow")
+        g.host(slow_writer(log, "slow", 1, 0.05), [(h.view(), hrx.Access.WRITE)])
+        g.prepare().submit()
+        done: list[int] = []
+
+        async def drainer(i: int) -> None:
+            await rt.drain()
+            done.append(i)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drainer, 1)
+                tg.start_soon(drainer, 2)
+        assert sorted(done) == [1, 2]
+
+
+async def test_whole_write_mapping_cancelled_while_waiting_clears_nothing() -> None:
+    log = Log()
+    async with hrx.Runtime(backend="sim") as rt:
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        g = rt.graph("fail")
+        g.host(broken_host, [(h.view(), hrx.Access.WRITE)])
+        with pytest.raises(ExecutionError):
+            await g.prepare().submit()
+        g = rt.graph("slow partial writer")
+        g.host(slow_writer(log, "slow", 1, 0.2), [(h.view(0, 1), hrx.Access.WRITE)])
+        g.prepare().submit()
+        with anyio.move_on_after(0.01):
+            async with h.map_write():
+                pytest.fail("the mapping should still be waiting")
+        assert h.poison is not None
+        await rt.drain()
+        async with h.map_write() as memory:  # handed out: it overwrites everything
+            memory[:] = bytes(N)
+        assert h.poison is None

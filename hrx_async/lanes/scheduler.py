@@ -1,34 +1,26 @@
-"""Admission, lane tasks and region completion.
+"""Admission, issue and the outcome of every region.
 
 `Scheduler.submit` is synchronous: it checks the submission, registers each
 region's byte ranges with the tracker (so ordering across submissions is per
-byte range, in call order) and queues the regions on their lanes. Each lane is
-one async task that takes its next region, waits for its dependencies (on the
-device when producer and consumer share a backend, on the host otherwise),
-issues it and moves on without waiting for the device. A region with nothing
-to wait for, on an idle lane, is issued by `submit()` itself.
+byte range, in call order) and issues what it can at once: a region whose
+dependencies are finished, or running on the same backend (device-side waits),
+on an idle lane. The rest goes to its lane's task (`lane_task.LaneRunner`),
+which waits for dependencies on the host and issues in FIFO order. Fences come
+back through their callbacks, from the loop's sweep of watched GPU streams
+(`watch.QueueWatch`) or from backend threads through the loop notifier.
 
-Fences come back through their callbacks: on a backend's thread they go
-through the loop notifier, which finishes regions and submissions in batches.
-Queues of backends with a poll budget (the GPU streams) are *watched*
-instead: the loop sweeps them once per iteration (and the awaiting task once
-before it suspends), so a completion costs no thread hop and no contention for
-the interpreter lock. All the sweeps of one loop pass share one budget of
-`SWEEP_LIMIT` fences, so the pass stays short however many tasks await. A
-watched queue is handed back to its own waiter thread only when the loop has
-nothing else to do and the work is overdue: beyond the region's usual duration
-plus the budget, at most `POLL_CAP_S`.
+A region's outcome settles only once everything it follows has settled, so
+ordering is transitive through skipped work (see `finish`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -40,7 +32,6 @@ from ..errors import (
     ContractError,
     DependencyFailed,
     DeviceLost,
-    ExecutionError,
     HrxError,
     PoisonedError,
     RuntimeClosed,
@@ -51,305 +42,29 @@ from ..trace import TraceEvent, TraceRecorder
 from ..tracker import AccessTracker
 from .host import AsyncHostProgram
 from .lane import Lane
+from .lane_task import LaneRunner
 from .notify import LoopNotifier
 from .poison import PoisonBook
+from .region import (
+    DONE,
+    FAILED,
+    ISSUED,
+    RUNNING_HOST_REGION,
+    SKIPPED,
+    RegionRun,
+    Submission,
+    is_sticky,
+)
+from .watch import QueueWatch
 
 if TYPE_CHECKING:
-    from ..backends.base import Fence, LaneQueue
+    from ..backends.base import Fence
     from ..memory import Buffer
     from ..prepared import PreparedGraph, ReplayStep
-
-QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
-RUNNING_HOST_REGION: contextvars.ContextVar[RegionRun | None] = contextvars.ContextVar(
-    "RUNNING_HOST_REGION", default=None
-)
-"""The region of the `async def` host function this task runs, if any."""
-POLL_CAP_S = 0.001
-"""The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
-IDLE_GAP_S = 100e-6
-"""Loop iterations this close together (smoothed) mean the loop only spins for fences."""
-SWEEP_LIMIT = 16
-"""The most fences one loop pass finishes: each wakes a task that runs in the next pass,
-and a bounded pass keeps the loop responsive to everything else."""
-
 
 def _nothing_to_refuse() -> BaseException | None:
     """The preflight of a region launched before it had a submission: nothing can fail it."""
     return None
-
-
-def is_sticky(error: BaseException) -> bool:
-    """Errors after which the device can run nothing more."""
-    return isinstance(error, DeviceLost) or bool(getattr(error, "sticky", False))
-
-
-class RegionRun:
-    """One region of one submission on its way through a lane."""
-
-    __slots__ = (
-        "applied",
-        "blockers",
-        "cause",
-        "clears",
-        "deps",
-        "done_waiters",
-        "error",
-        "estimates",
-        "fence",
-        "followers",
-        "issued_waiters",
-        "key",
-        "outcome",
-        "plan",
-        "program",
-        "provider",
-        "started_at",
-        "state",
-        "submission",
-    )
-
-    def __init__(
-        self,
-        submission: Submission,
-        plan: RegionPlan,
-        program: Any,
-        provider: object,
-        estimates: list[float],
-        key: tuple[Lane, int],
-        clears: tuple[Buffer, ...] = (),
-    ) -> None:
-        self.submission = submission
-        self.plan = plan
-        self.program = program
-        self.provider = provider
-        self.estimates = estimates
-        self.key = key
-        self.clears = clears
-        """Buffers this region writes whole: running clears their poison."""
-        self.deps: Sequence[RegionRun] = ()
-        self.state = QUEUED
-        self.fence: Fence | None = None
-        self.error: BaseException | None = None
-        self.cause: HrxError | None = None
-        """The error this region's failure stands for (see `failure_cause`)."""
-        self.applied = False
-        """Its failure has poisoned what it writes."""
-        self.started_at: float | None = None
-        self.issued_waiters: list[anyio.Event] | None = None
-        self.done_waiters: list[anyio.Event] | None = None
-        self.outcome: tuple[BaseException | None, bool, float | None] | None = None
-        """The outcome of a region that ended before everything it follows finished."""
-        self.blockers = 0
-        self.followers: list[RegionRun] | None = None
-        """Regions whose outcome waits for this one to finish."""
-
-    @property
-    def finished(self) -> bool:
-        return self.state >= DONE
-
-    async def wait_issued(self) -> None:
-        if self.state == QUEUED:
-            event = anyio.Event()
-            if self.issued_waiters is None:
-                self.issued_waiters = []
-            self.issued_waiters.append(event)
-            await event.wait()
-
-    async def wait_finished(self) -> None:
-        if self.state < DONE:
-            event = anyio.Event()
-            if self.done_waiters is None:
-                self.done_waiters = []
-            self.done_waiters.append(event)
-            await event.wait()
-
-    def on_fence(self, fence: Any) -> None:
-        if self.state >= DONE:
-            return
-        submission = self.submission
-        error = fence.error()
-        if error is not None:
-            # Seen by later regions' checks on worker threads before the loop hears of it.
-            submission.device_error = error
-        scheduler = submission.scheduler
-        if threading.get_ident() == scheduler.loop_thread:
-            scheduler.fence_done(self)  # a sweep of a watched queue, on the loop
-        else:
-            scheduler.notifier.post(scheduler.fence_done, self)
-
-    def failure_cause(self, error: BaseException) -> HrxError:
-        """The error this region's failure stands for, in its submission and as poison."""
-        cause = self.cause
-        if cause is None:
-            cause = (
-                error
-                if isinstance(error, PoisonedError | DependencyFailed | DeviceLost | Cancelled)
-                else ExecutionError(self.submission.label, self.plan.index, error)
-            )
-            self.cause = cause
-        return cause
-
-    def refusal(self) -> BaseException | None:
-        """Why this region must not run, judged from its dependencies and its submission.
-
-        Safe from worker threads. Failures of dependencies that finished on the device are
-        applied to the poison book first, so they count even before the loop hears of them.
-        """
-        submission = self.submission
-        deps = self.deps
-        own_failure: RegionRun | None = None
-        for dep in deps:
-            fence = dep.fence
-            if fence is not None and fence.query():
-                error = fence.error()
-                if error is not None:
-                    dep.apply_failure(error)
-                    if dep.submission is submission:
-                        own_failure = dep
-            elif dep.submission is submission and dep.error is not None:
-                own_failure = dep
-        if own_failure is not None:
-            return DependencyFailed(f"not run: region {own_failure.plan.index} failed")
-        if submission.error is not None or submission.device_error is not None:
-            return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
-        if submission.cancelled:
-            return Cancelled(f"submission of {submission.label!r} was cancelled")
-        found = submission.scheduler.poison_book.find(self.plan.reads)
-        if found is not None:
-            return PoisonedError(found[0], found[1])
-        return None
-
-    def preflight(self) -> BaseException | None:
-        """The last check before the region runs (the backend asks it as late as it can).
-
-        Passing it commits the region to run: what it writes whole is no longer poisoned.
-        A refusal for poisoned input poisons what it writes before anything after it runs.
-        """
-        refusal = self.refusal()
-        if refusal is None:
-            for buffer in self.clears:
-                self.submission.scheduler.poison_book.clear(buffer)
-        elif isinstance(refusal, PoisonedError):
-            self.apply_failure(refusal)
-        return refusal
-
-    def apply_failure(self, error: BaseException) -> None:
-        """Poison what this region writes, once (a region that never ran poisons nothing)."""
-        if self.applied or isinstance(error, DependencyFailed | Cancelled):
-            return
-        self.applied = True
-        cause = self.failure_cause(error)
-        self.submission.scheduler.poison_book.add(self.plan.writes, cause)
-
-
-class Submission:
-    """One `submit()` of a prepared graph."""
-
-    __slots__ = (
-        "after",
-        "cancelled",
-        "completion",
-        "device_error",
-        "error",
-        "label",
-        "remaining",
-        "runs",
-        "scheduler",
-        "skipped",
-    )
-
-    def __init__(self, scheduler: Scheduler, label: str, after: tuple[Completion, ...]) -> None:
-        self.scheduler = scheduler
-        self.label = label
-        self.after = after
-        self.cancelled = False
-        self.error: BaseException | None = None
-        self.device_error: BaseException | None = None
-        self.runs: list[RegionRun] = []
-        self.remaining = 0
-        self.skipped = False
-        """Some region was skipped (cancelled before it ran)."""
-        self.completion = Completion(label, self, scheduler.asyncio_loop, scheduler)
-
-    def sweep(self) -> bool:
-        """Before the awaiting task suspends: finish what completed on the watched queues.
-
-        Work that finished while the caller was busy then completes without a loop
-        iteration spent on noticing it. While work is still watched and no other task
-        leads, the caller becomes the leader and sweeps in place of the loop's tick.
-        """
-        scheduler = self.scheduler
-        host_run = RUNNING_HOST_REGION.get()
-        if host_run is not None:
-            scheduler.refuse_waiting_on(host_run, self.runs, self.after)
-        if not scheduler.watched:
-            return False
-        scheduler.sweep_watched(False)
-        if self.remaining and scheduler.watched and not scheduler.leader:
-            scheduler.leader = True
-            return True
-        return False
-
-    def sweep_again(self) -> bool:
-        scheduler = self.scheduler
-        scheduler.sweep_watched(True)
-        return bool(scheduler.watched)
-
-    def release(self) -> None:
-        scheduler = self.scheduler
-        scheduler.leader = False
-        if scheduler.watched:
-            scheduler._schedule_tick()
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.scheduler.cancel_waiting(self)
-
-
-class LaneRunner:
-    """One lane's task: issues its regions in FIFO order."""
-
-    def __init__(self, scheduler: Scheduler, key: tuple[Lane, int]) -> None:
-        self.scheduler = scheduler
-        self.key = key
-        self.items: collections.deque[RegionRun] = collections.deque()
-        self.wakeup: anyio.Event | None = None
-        self.closing = False
-        self.busy = False
-
-    def push(self, run: RegionRun) -> None:
-        self.items.append(run)
-        if self.wakeup is not None:
-            self.wakeup.set()
-
-    def close(self) -> None:
-        self.closing = True
-        if self.wakeup is not None:
-            self.wakeup.set()
-
-    async def serve(self) -> None:
-        # Shielded: a cancelled caller must never strand admitted work; the lane ends when
-        # the runtime closes it after draining.
-        with anyio.CancelScope(shield=True):
-            items = self.items
-            issue = self.scheduler.issue
-            issued = 0
-            while True:
-                issued += 1
-                if issued % 32 == 0:
-                    await anyio.lowlevel.checkpoint()  # a long queue must not starve the loop
-                if not items:
-                    if self.closing:
-                        return
-                    self.wakeup = anyio.Event()
-                    await self.wakeup.wait()
-                    self.wakeup = None
-                    continue
-                self.busy = True
-                try:
-                    await issue(items.popleft())
-                finally:
-                    self.busy = False
 
 
 class Scheduler:
@@ -386,17 +101,7 @@ class Scheduler:
             self.asyncio_loop = asyncio.get_running_loop()
         except RuntimeError:  # trio
             self.asyncio_loop = None
-        self.watched: dict[Any, float] = {}
-        """Watched queues, each with the time until which an idle loop keeps sweeping it."""
-        self.last_sweep = 0.0
-        self.sweep_gap = POLL_CAP_S
-        self.sweep_budget = SWEEP_LIMIT
-        """Fences the current loop pass may still finish."""
-        self.leader = False
-        """True while a task awaiting a completion sweeps in place of the tick."""
-        self.tick_scheduled = False
-        self.watcher_wakeup: anyio.Event | None = None
-        self.watcher_started = False
+        self.watch = QueueWatch(self.asyncio_loop)
 
     def start(self, npus: int) -> None:
         """Start every lane task (and trio's queue watcher) from the opening task.
@@ -409,8 +114,7 @@ class Scheduler:
         for key in keys:
             self._start_lane(key)
         if self.asyncio_loop is None:
-            self.watcher_started = True
-            self.task_group.start_soon(self._watcher, name="hrx-queue-watcher")
+            self.task_group.start_soon(self.watch.serve, name="hrx-queue-watcher")
 
     def _start_lane(self, key: tuple[Lane, int]) -> LaneRunner:
         lane = self.lanes[key] = LaneRunner(self, key)
@@ -528,7 +232,7 @@ class Scheduler:
             if not untouched(access[0]):
                 return None
         expected = estimates[region.index]
-        return self._issue(provider, key, program, (), _nothing_to_refuse, expected)
+        return self.watch.submit(provider, key, program, (), _nothing_to_refuse, expected)
 
     def _refuse(self) -> None:
         if self.closed:
@@ -578,18 +282,24 @@ class Scheduler:
     @staticmethod
     def _device_waits(run: RegionRun) -> list[Fence] | None:
         """The fences `run` can wait for on the device, when that is all it waits for:
-        every dependency finished, or was issued to the same backend and is running.
-        None when something needs a wait on the host (the lane task does that)."""
+        every dependency finished, or is an earlier region of its own submission issued
+        to the same backend. None when something needs a wait on the host, or on another
+        submission (the lane task does that, and until then the region can be cancelled)."""
         if isinstance(run.program, AsyncHostProgram):
             return None
         waits: list[Fence] = []
         provider = run.provider
         for dep in run.deps:
             state = dep.state
-            if state == DONE or state == SKIPPED:
+            if state in (DONE, SKIPPED):
                 continue
             fence = dep.fence
-            if state != ISSUED or fence is None or dep.provider is not provider:
+            if (
+                state != ISSUED
+                or fence is None
+                or dep.provider is not provider
+                or dep.submission is not run.submission
+            ):
                 return None
             if dep.outcome is not None:
                 return None  # it ended and waits to settle: its outcome decides
@@ -658,7 +368,7 @@ class Scheduler:
         run.state = ISSUED
         run.started_at = time.perf_counter()
         try:
-            fence = self._issue(
+            fence = self.watch.submit(
                 run.provider,
                 run.key,
                 run.program,
@@ -671,43 +381,6 @@ class Scheduler:
             return
         self._attach(run, fence)
 
-    def _issue(
-        self,
-        provider: Any,
-        key: tuple[Lane, int],
-        program: Any,
-        waits: Sequence[Fence],
-        preflight: Callable[[], BaseException | None],
-        expected: float,
-    ) -> Fence:
-        """Submit `program` to its queue, then start watching the queue if it is a stream
-        (for about `expected` seconds, the region's learned duration).
-
-        The launch comes first and the watch bookkeeping after it, which then overlaps
-        the device's work instead of delaying it.
-        """
-        queue: LaneQueue = provider.queue(key)
-        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
-        watched = self.watched
-        newly_watched = budget_us > 0 and queue not in watched
-        if newly_watched:
-            queue.watch()  # type: ignore[attr-defined]  # so its waiter never starts on this fence
-        try:
-            fence = queue.submit(program, waits, preflight)
-        except BaseException:
-            if newly_watched:
-                queue.unwatch()  # type: ignore[attr-defined]
-            raise
-        if budget_us > 0:
-            # An idle loop keeps sweeping until the region is overdue (see sweep_watched).
-            deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
-            if newly_watched:
-                watched[queue] = deadline
-                self._schedule_tick()
-            elif deadline > watched[queue]:
-                watched[queue] = deadline
-        return fence
-
     @staticmethod
     def _attach(run: RegionRun, fence: Fence) -> None:
         """`run` was issued as `fence`: wake who waits for that, and follow the fence."""
@@ -718,84 +391,6 @@ class Scheduler:
             for event in waiters:
                 event.set()
         fence.add_done_callback(run.on_fence)
-
-    # -- watching queues -------------------------------------------------------
-
-    def sweep_watched(self, new_pass: bool) -> None:
-        """Finish what completed on the watched queues, within this loop pass's budget.
-
-        `new_pass` is once per loop iteration (the tick, the trio watcher or the leader):
-        it refills the budget, updates the idleness gauge and hands overdue queues back
-        to their waiters. The sweeps of tasks about to suspend spend what is left of it,
-        so however many tasks await, one pass finishes at most `SWEEP_LIMIT` fences.
-
-        A queue is handed back only while the loop is idle (iterations close together):
-        a busy loop sweeps at no cost worth saving, and a thread could not finish
-        anything sooner than the loop's next iteration anyway.
-        """
-        now = time.perf_counter()
-        idle = False
-        if new_pass:
-            # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
-            gap = min(now - self.last_sweep, POLL_CAP_S)
-            self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
-            idle = gap < IDLE_GAP_S
-            self.last_sweep = now
-            self.sweep_budget = SWEEP_LIMIT
-        budget = self.sweep_budget
-        if budget <= 0:
-            return
-        watched = self.watched
-        for queue, deadline in list(watched.items()):
-            finished, remaining = queue.sweep(budget)
-            budget -= finished
-            if not remaining or (idle and now > deadline):
-                del watched[queue]
-                queue.unwatch()
-            if budget <= 0:
-                if queue in watched:  # the others get the first turn next pass
-                    del watched[queue]
-                    watched[queue] = deadline
-                break
-        self.sweep_budget = budget
-
-    def _schedule_tick(self) -> None:
-        loop = self.asyncio_loop
-        if loop is not None:
-            if not self.tick_scheduled:
-                self.tick_scheduled = True
-                loop.call_soon(self._tick)
-        elif not self.watcher_started:
-            self.watcher_started = True
-            self.task_group.start_soon(self._watcher, name="hrx-queue-watcher")
-        elif self.watcher_wakeup is not None:
-            self.watcher_wakeup.set()
-
-    def _tick(self) -> None:
-        # asyncio: a plain callback per loop iteration is far cheaper than a task step.
-        self.tick_scheduled = False
-        if self.watched and not self.leader:
-            self.sweep_watched(True)
-            if self.watched:
-                self.tick_scheduled = True
-                self.asyncio_loop.call_soon(self._tick)  # type: ignore[union-attr]
-
-    async def _watcher(self) -> None:
-        # trio: the same sweep from a task, one per loop iteration while anything is watched.
-        with anyio.CancelScope(shield=True):
-            while not self.closed:
-                if not self.watched or self.leader:
-                    self.watcher_wakeup = anyio.Event()
-                    await self.watcher_wakeup.wait()
-                    self.watcher_wakeup = None
-                    continue
-                self.sweep_watched(True)
-                await anyio.lowlevel.checkpoint()
-
-    def unwatch_all(self) -> None:
-        for queue in self.watched:
-            queue.unwatch()
-        self.watched.clear()
 
     def _start_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
         """Run an `async def` host function as a task of its own.
@@ -822,36 +417,6 @@ class Scheduler:
             self.finish(run, None)
         finally:
             RUNNING_HOST_REGION.reset(token)
-
-    def refuse_waiting_on(
-        self, host_run: RegionRun, runs: Sequence[RegionRun], after: Sequence[Completion]
-    ) -> None:
-        """Raise instead of waiting forever: the host function `host_run` is about to wait
-        for `runs`, and one of them (through dependencies) waits for `host_run` itself."""
-        if host_run.finished:
-            return
-        seen: set[int] = set()
-        stack: list[RegionRun] = list(runs)
-        for item in after:
-            source = item._source
-            if isinstance(source, Submission):
-                stack.extend(source.runs)
-        while stack:
-            run = stack.pop()
-            if run is host_run:
-                raise ContractError(
-                    f"a host function of {host_run.submission.label!r} awaited work that "
-                    "waits for that host function itself; it would never finish. Submit "
-                    "it without awaiting it, or record it in the same graph"
-                )
-            if id(run) in seen or run.finished:
-                continue
-            seen.add(id(run))
-            stack.extend(run.deps)
-            for item in run.submission.after:
-                source = item._source
-                if isinstance(source, Submission):
-                    stack.extend(source.runs)
 
     # -- completion ------------------------------------------------------------
 
@@ -1001,6 +566,7 @@ class Scheduler:
             self._admit(waiting.popleft())
         if self.live == 0 and self.idle is not None:
             self.idle.set()
+            self.idle = None
 
     # -- shutdown --------------------------------------------------------------
 
@@ -1031,14 +597,13 @@ class Scheduler:
                 "submission to finish, its own included; it would never finish"
             )
         while self.live:
-            self.idle = anyio.Event()
+            # One event shared by every drainer: each new one must not strand the others.
+            if self.idle is None:
+                self.idle = anyio.Event()
             await self.idle.wait()
-        self.idle = None
 
     def close_lanes(self) -> None:
         self.closed = True
         for lane in self.lanes.values():
             lane.close()
-        self.unwatch_all()
-        if self.watcher_wakeup is not None:
-            self.watcher_wakeup.set()
+        self.watch.close()

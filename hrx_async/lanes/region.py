@@ -1,0 +1,299 @@
+"""A region of one submission on its way through a lane, and the submission itself.
+
+A region's state moves QUEUED → ISSUED → DONE / FAILED / SKIPPED. Its checks
+(`refusal`, `preflight`) run on the loop or, for the sim backend, on the worker
+thread right before the region runs; they read fences and the poison book, never
+other loop-side state.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..completion import Completion
+from ..errors import (
+    Cancelled,
+    ContractError,
+    DependencyFailed,
+    DeviceLost,
+    ExecutionError,
+    HrxError,
+    PoisonedError,
+)
+from ..graph import RegionPlan
+from .lane import Lane
+
+if TYPE_CHECKING:
+    from ..backends.base import Fence
+    from ..memory import Buffer
+    from .scheduler import Scheduler
+
+QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
+RUNNING_HOST_REGION: contextvars.ContextVar[RegionRun | None] = contextvars.ContextVar(
+    "RUNNING_HOST_REGION", default=None
+)
+"""The region of the `async def` host function this task runs, if any."""
+
+
+def is_sticky(error: BaseException) -> bool:
+    """Errors after which the device can run nothing more."""
+    return isinstance(error, DeviceLost) or bool(getattr(error, "sticky", False))
+
+
+class RegionRun:
+    """One region of one submission on its way through a lane."""
+
+    __slots__ = (
+        "applied",
+        "blockers",
+        "cause",
+        "clears",
+        "deps",
+        "done_waiters",
+        "error",
+        "estimates",
+        "fence",
+        "followers",
+        "issued_waiters",
+        "key",
+        "outcome",
+        "plan",
+        "program",
+        "provider",
+        "started_at",
+        "state",
+        "submission",
+    )
+
+    def __init__(
+        self,
+        submission: Submission,
+        plan: RegionPlan,
+        program: Any,
+        provider: object,
+        estimates: list[float],
+        key: tuple[Lane, int],
+        clears: tuple[Buffer, ...] = (),
+    ) -> None:
+        self.submission = submission
+        self.plan = plan
+        self.program = program
+        self.provider = provider
+        self.estimates = estimates
+        self.key = key
+        self.clears = clears
+        """Buffers this region writes whole: running clears their poison."""
+        self.deps: Sequence[RegionRun] = ()
+        self.state = QUEUED
+        self.fence: Fence | None = None
+        self.error: BaseException | None = None
+        self.cause: HrxError | None = None
+        """The error this region's failure stands for (see `failure_cause`)."""
+        self.applied = False
+        """Its failure has poisoned what it writes."""
+        self.started_at: float | None = None
+        self.issued_waiters: list[anyio.Event] | None = None
+        self.done_waiters: list[anyio.Event] | None = None
+        self.outcome: tuple[BaseException | None, bool, float | None] | None = None
+        """The outcome of a region that ended before everything it follows finished."""
+        self.blockers = 0
+        self.followers: list[RegionRun] | None = None
+        """Regions whose outcome waits for this one to finish."""
+
+    @property
+    def finished(self) -> bool:
+        return self.state >= DONE
+
+    async def wait_issued(self) -> None:
+        if self.state == QUEUED:
+            event = anyio.Event()
+            if self.issued_waiters is None:
+                self.issued_waiters = []
+            self.issued_waiters.append(event)
+            await event.wait()
+
+    async def wait_finished(self) -> None:
+        if self.state < DONE:
+            event = anyio.Event()
+            if self.done_waiters is None:
+                self.done_waiters = []
+            self.done_waiters.append(event)
+            await event.wait()
+
+    def on_fence(self, fence: Any) -> None:
+        if self.state >= DONE:
+            return
+        submission = self.submission
+        error = fence.error()
+        if error is not None:
+            # Seen by later regions' checks on worker threads before the loop hears of it.
+            submission.device_error = error
+        scheduler = submission.scheduler
+        if threading.get_ident() == scheduler.loop_thread:
+            scheduler.fence_done(self)  # a sweep of a watched queue, on the loop
+        else:
+            scheduler.notifier.post(scheduler.fence_done, self)
+
+    def failure_cause(self, error: BaseException) -> HrxError:
+        """The error this region's failure stands for, in its submission and as poison."""
+        cause = self.cause
+        if cause is None:
+            cause = (
+                error
+                if isinstance(error, PoisonedError | DependencyFailed | DeviceLost | Cancelled)
+                else ExecutionError(self.submission.label, self.plan.index, error)
+            )
+            self.cause = cause
+        return cause
+
+    def refusal(self) -> BaseException | None:
+        """Why this region must not run, judged from its dependencies and its submission.
+
+        Safe from worker threads. Failures of dependencies that finished on the device are
+        applied to the poison book first, so they count even before the loop hears of them.
+        """
+        submission = self.submission
+        deps = self.deps
+        own_failure: RegionRun | None = None
+        for dep in deps:
+            fence = dep.fence
+            if fence is not None and fence.query():
+                error = fence.error()
+                if error is not None:
+                    dep.apply_failure(error)
+                    if dep.submission is submission:
+                        own_failure = dep
+            elif dep.submission is submission and dep.error is not None:
+                own_failure = dep
+        if own_failure is not None:
+            return DependencyFailed(f"not run: region {own_failure.plan.index} failed")
+        if submission.error is not None or submission.device_error is not None:
+            return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
+        if submission.cancelled:
+            return Cancelled(f"submission of {submission.label!r} was cancelled")
+        found = submission.scheduler.poison_book.find(self.plan.reads)
+        if found is not None:
+            return PoisonedError(found[0], found[1])
+        return None
+
+    def preflight(self) -> BaseException | None:
+        """The last check before the region runs (the backend asks it as late as it can).
+
+        Passing it commits the region to run: what it writes whole is no longer poisoned.
+        A refusal for poisoned input poisons what it writes before anything after it runs.
+        """
+        refusal = self.refusal()
+        if refusal is None:
+            for buffer in self.clears:
+                self.submission.scheduler.poison_book.clear(buffer)
+        elif isinstance(refusal, PoisonedError):
+            self.apply_failure(refusal)
+        return refusal
+
+    def apply_failure(self, error: BaseException) -> None:
+        """Poison what this region writes, once (a region that never ran poisons nothing)."""
+        if self.applied or isinstance(error, DependencyFailed | Cancelled):
+            return
+        self.applied = True
+        cause = self.failure_cause(error)
+        self.submission.scheduler.poison_book.add(self.plan.writes, cause)
+
+
+class Submission:
+    """One `submit()` of a prepared graph."""
+
+    __slots__ = (
+        "after",
+        "cancelled",
+        "completion",
+        "device_error",
+        "error",
+        "label",
+        "remaining",
+        "runs",
+        "scheduler",
+        "skipped",
+    )
+
+    def __init__(self, scheduler: Scheduler, label: str, after: tuple[Completion, ...]) -> None:
+        self.scheduler = scheduler
+        self.label = label
+        self.after = after
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.device_error: BaseException | None = None
+        self.runs: list[RegionRun] = []
+        self.remaining = 0
+        self.skipped = False
+        """Some region was skipped (cancelled before it ran)."""
+        self.completion = Completion(label, self, scheduler.asyncio_loop, scheduler)
+
+    def sweep(self) -> bool:
+        """Before the awaiting task suspends: finish what completed on the watched queues.
+
+        Work that finished while the caller was busy then completes without a loop
+        iteration spent on noticing it. While work is still watched and no other task
+        leads, the caller becomes the leader and sweeps in place of the loop's tick.
+        """
+        host_run = RUNNING_HOST_REGION.get()
+        if host_run is not None:
+            refuse_waiting_on(host_run, self.runs, self.after)
+        watch = self.scheduler.watch
+        if not watch.watched:
+            return False
+        watch.sweep(False)
+        if self.remaining and watch.watched and not watch.leader:
+            watch.leader = True
+            return True
+        return False
+
+    def sweep_again(self) -> bool:
+        watch = self.scheduler.watch
+        watch.sweep(True)
+        return bool(watch.watched)
+
+    def release(self) -> None:
+        watch = self.scheduler.watch
+        watch.leader = False
+        if watch.watched:
+            watch.schedule_tick()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.scheduler.cancel_waiting(self)
+
+
+def refuse_waiting_on(
+    host_run: RegionRun, runs: Sequence[RegionRun], after: Sequence[Completion]
+) -> None:
+    """Raise instead of waiting forever: the host function `host_run` is about to wait
+    for `runs`, and one of them (through dependencies) waits for `host_run` itself."""
+    if host_run.finished:
+        return
+    seen: set[int] = set()
+    stack: list[RegionRun] = list(runs)
+    for item in after:
+        source = item._source
+        if isinstance(source, Submission):
+            stack.extend(source.runs)
+    while stack:
+        run = stack.pop()
+        if run is host_run:
+            raise ContractError(
+                f"a host function of {host_run.submission.label!r} awaited work that "
+                "waits for that host function itself; it would never finish. Submit "
+                "it without awaiting it, or record it in the same graph"
+            )
+        if id(run) in seen or run.finished:
+            continue
+        seen.add(id(run))
+        stack.extend(run.deps)
+        for item in run.submission.after:
+            source = item._source
+            if isinstance(source, Submission):
+                stack.extend(source.runs)

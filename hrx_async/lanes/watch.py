@@ -1,0 +1,165 @@
+"""Watching GPU streams from the event loop.
+
+Queues of backends with a poll budget (the GPU streams) are *watched*: the loop
+sweeps them once per iteration (and the awaiting task once before it suspends),
+so a completion costs no thread hop and no contention for the interpreter lock.
+All the sweeps of one loop pass share one budget of `SWEEP_LIMIT` fences, so the
+pass stays short however many tasks await. A watched queue is handed back to its
+own waiter thread only when the loop has nothing else to do and the work is
+overdue: beyond the region's usual duration plus the budget, at most `POLL_CAP_S`.
+On asyncio the per-iteration sweep is a plain loop callback (the tick); on trio it
+is a task (`serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .lane import Lane
+
+if TYPE_CHECKING:
+    from ..backends.base import Fence, LaneQueue
+
+POLL_CAP_S = 0.001
+"""The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
+IDLE_GAP_S = 100e-6
+"""Loop iterations this close together (smoothed) mean the loop only spins for fences."""
+SWEEP_LIMIT = 16
+"""The most fences one loop pass finishes: each wakes a task that runs in the next pass,
+and a bounded pass keeps the loop responsive to everything else."""
+
+
+class QueueWatch:
+    """The watched queues of one scheduler and the loop's sweep over them."""
+
+    def __init__(self, asyncio_loop: asyncio.AbstractEventLoop | None) -> None:
+        self.asyncio_loop = asyncio_loop
+        self.watched: dict[Any, float] = {}
+        """Watched queues, each with the time until which an idle loop keeps sweeping it."""
+        self.last_sweep = 0.0
+        self.sweep_gap = POLL_CAP_S
+        self.sweep_budget = SWEEP_LIMIT
+        """Fences the current loop pass may still finish."""
+        self.leader = False
+        """True while a task awaiting a completion sweeps in place of the tick."""
+        self.tick_scheduled = False
+        self.watcher_wakeup: anyio.Event | None = None
+        self.closed = False
+
+    def submit(
+        self,
+        provider: Any,
+        key: tuple[Lane, int],
+        program: Any,
+        waits: Sequence[Fence],
+        preflight: Callable[[], BaseException | None],
+        expected: float,
+    ) -> Fence:
+        """Submit `program` to its queue, then start watching the queue if it is a stream
+        (for about `expected` seconds, the region's learned duration).
+
+        The launch comes first and the watch bookkeeping after it, which then overlaps
+        the device's work instead of delaying it.
+        """
+        queue: LaneQueue = provider.queue(key)
+        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
+        watched = self.watched
+        newly_watched = budget_us > 0 and queue not in watched
+        if newly_watched:
+            queue.watch()  # type: ignore[attr-defined]  # so its waiter never starts on this fence
+        try:
+            fence = queue.submit(program, waits, preflight)
+        except BaseException:
+            if newly_watched:
+                queue.unwatch()  # type: ignore[attr-defined]
+            raise
+        if budget_us > 0:
+            # An idle loop keeps sweeping until the region is overdue (see sweep).
+            deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+            if newly_watched:
+                watched[queue] = deadline
+                self.schedule_tick()
+            elif deadline > watched[queue]:
+                watched[queue] = deadline
+        return fence
+
+    def sweep(self, new_pass: bool) -> None:
+        """Finish what completed on the watched queues, within this loop pass's budget.
+
+        `new_pass` is once per loop iteration (the tick, the trio watcher or the leader):
+        it refills the budget, updates the idleness gauge and hands overdue queues back
+        to their waiters. The sweeps of tasks about to suspend spend what is left of it,
+        so however many tasks await, one pass finishes at most `SWEEP_LIMIT` fences.
+
+        A queue is handed back only while the loop is idle (iterations close together):
+        a busy loop sweeps at no cost worth saving, and a thread could not finish
+        anything sooner than the loop's next iteration anyway.
+        """
+        now = time.perf_counter()
+        idle = False
+        if new_pass:
+            # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
+            gap = min(now - self.last_sweep, POLL_CAP_S)
+            self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
+            idle = gap < IDLE_GAP_S
+            self.last_sweep = now
+            self.sweep_budget = SWEEP_LIMIT
+        budget = self.sweep_budget
+        if budget <= 0:
+            return
+        watched = self.watched
+        for queue, deadline in list(watched.items()):
+            finished, remaining = queue.sweep(budget)
+            budget -= finished
+            if not remaining or (idle and now > deadline):
+                del watched[queue]
+                queue.unwatch()
+            if budget <= 0:
+                if queue in watched:  # the others get the first turn next pass
+                    del watched[queue]
+                    watched[queue] = deadline
+                break
+        self.sweep_budget = budget
+
+    def schedule_tick(self) -> None:
+        loop = self.asyncio_loop
+        if loop is not None:
+            if not self.tick_scheduled:
+                self.tick_scheduled = True
+                loop.call_soon(self._tick)
+        elif self.watcher_wakeup is not None:
+            self.watcher_wakeup.set()
+
+    def _tick(self) -> None:
+        # asyncio: a plain callback per loop iteration is far cheaper than a task step.
+        self.tick_scheduled = False
+        if self.watched and not self.leader:
+            self.sweep(True)
+            if self.watched:
+                self.tick_scheduled = True
+                self.asyncio_loop.call_soon(self._tick)  # type: ignore[union-attr]
+
+    async def serve(self) -> None:
+        # trio: the same sweep from a task, one per loop iteration while anything is watched.
+        with anyio.CancelScope(shield=True):
+            while not self.closed:
+                if not self.watched or self.leader:
+                    self.watcher_wakeup = anyio.Event()
+                    await self.watcher_wakeup.wait()
+                    self.watcher_wakeup = None
+                    continue
+                self.sweep(True)
+                await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        self.closed = True
+        for queue in self.watched:
+            queue.unwatch()
+        self.watched.clear()
+        if self.watcher_wakeup is not None:
+            self.watcher_wakeup.set()
