@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _validate
 from .backends.base import Fence, GpuInterop
 from .contract import Access
 from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
@@ -514,7 +515,7 @@ def _pending_writers(runtime: Runtime, view: View) -> list[RegionRun]:
 
 def _check_accesses(runtime: Runtime, accesses: Iterable[Any]) -> list[tuple[View, Access]]:
     pairs: list[tuple[View, Access]] = []
-    for item in accesses:
+    for item in _validate.items(accesses, "gpu_access's (view, Access) pairs"):
         if not (
             isinstance(item, tuple)
             and len(item) == 2

@@ -360,14 +360,15 @@ class Runtime:
     def npu(self, index: int = 0) -> NpuDevice:
         self._scheduler_or_raise()
         npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
-        if not isinstance(index, int) or not 0 <= index < npus:
+        number = _validate.as_integer(index)
+        if number is None or not 0 <= number < npus:
             raise ContractError(
                 f"NPU index must be in 0..{npus - 1}, got {index!r}"
                 if npus
                 else "this runtime has no NPU (Runtime(npu=None))"
             )
         assert self._npu_backend is not None
-        return NpuDevice(self, index, self._npu_backend.npu_target(index))
+        return NpuDevice(self, number, self._npu_backend.npu_target(number))
 
     def load_gpu_kernel(
         self,
@@ -483,9 +484,13 @@ class Runtime:
 
     def owns(self, view: View | Buffer) -> bool:
         buffer = view.buffer if isinstance(view, View) else view
+        if not isinstance(buffer, Buffer):
+            raise ContractError(f"owns() takes a View or a Buffer, got {_validate.shown(view)}")
         return buffer.domain is self.domain
 
     def same_domain(self, other: Runtime) -> bool:
+        if not isinstance(other, Runtime):
+            raise ContractError(f"same_domain() takes a Runtime, got {_validate.shown(other)}")
         return other.domain is self.domain
 
     # -- graphs ----------------------------------------------------------------

@@ -963,3 +963,17 @@ async def test_an_async_mapping_left_open_by_the_closing_task_does_not_hang_the_
     with pytest.raises(ValueError, match="released memoryview"):
         memory[0] = 2
     await mapping.__aexit__(None, None, None)
+
+
+@pytest.mark.anyio
+async def test_runtime_queries_refuse_garbage() -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        with pytest.raises(ContractError):
+            rt.npu(True)  # type: ignore[arg-type]
+        with pytest.raises(ContractError):
+            rt.owns(5)  # type: ignore[arg-type]
+        with pytest.raises(ContractError):
+            rt.same_domain(5)  # type: ignore[arg-type]
+        with pytest.raises(ContractError):
+            async with rt.gpu_access(5):  # type: ignore[arg-type]
+                pass
