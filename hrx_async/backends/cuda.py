@@ -1,14 +1,16 @@
 """The CUDA backend: a driver table over cuda-bindings, NVRTC, and `open_backend`.
 
-Everything stream-shaped lives in `_stream.py`; this module maps its table
-onto the CUDA runtime API (memory, streams, events, graphs) and the driver API
-(modules, kernel metadata, launches), compiles `KernelSource(cxx=...)` with
-NVRTC for the device's `sm_XY`, and decides when CUDA is unavailable.
-cuda-bindings is imported here only, and only when the backend is opened.
+Everything stream-shaped lives in `_stream.py` and its `_stream_*.py` parts;
+this module maps their driver table onto the CUDA runtime API (memory,
+streams, events, graphs) and the driver API (modules, kernel metadata,
+launches), compiles `KernelSource(cxx=...)` with NVRTC for the device's
+`sm_XY`, and decides when CUDA is unavailable. cuda-bindings is imported here
+only, and only when the backend is opened.
 
-Kernel arguments follow `_stream`'s convention: one pointer parameter per
-binding, then the contract's constants split by the sizes `cuFuncGetParamInfo`
-reports for the remaining parameters. Declare kernels `extern "C"`.
+Kernel arguments follow `_stream_programs`' convention: one pointer parameter
+per binding, then the contract's constants split by the sizes
+`cuFuncGetParamInfo` reports for the remaining parameters. Declare kernels
+`extern "C"`.
 """
 
 from __future__ import annotations

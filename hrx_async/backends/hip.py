@@ -1,14 +1,16 @@
 """The HIP backend for AMD GPUs: a driver table over hip-python and hipRTC, and `open_backend`.
 
-Everything stream-shaped lives in `_stream.py`; this module maps its driver
-table onto HIP (memory, streams, events, graphs, modules, launches), compiles
-`KernelSource(cxx=...)` with hipRTC for the device's gfx target, decides when
-HIP is unavailable, and reports what `hrx-async doctor` shows for AMD GPUs
-(`hip_doctor`). hip-python (`pip install "hrx-async[hip]"`) is imported here
-only, and only when the backend is opened or the doctor asks.
+Everything stream-shaped lives in `_stream.py` and its `_stream_*.py` parts;
+this module maps their driver table onto HIP (memory, streams, events,
+graphs, modules, launches), compiles `KernelSource(cxx=...)` with hipRTC for
+the device's gfx target, decides when HIP is unavailable, and reports what
+`hrx-async doctor` shows for AMD GPUs (`hip_doctor`; finding the ROCm library
+and device nodes is `_rocm.py`'s part). hip-python
+(`pip install "hrx-async[hip]"`) is imported here only, and only when the
+backend is opened or the doctor asks.
 
-Kernels follow `_stream`'s argument convention: one pointer parameter per
-binding, then the contract's constants split by the sizes
+Kernels follow `_stream_programs`' argument convention: one pointer
+parameter per binding, then the contract's constants split by the sizes
 `hipKernelGetParamInfo` reports for the remaining parameters. Declare kernels
 `extern "C"`. Prebuilt code objects go in `KernelSource.binary` under the
 bare gfx name (`{"gfx1151": "k.hsaco"}`); hipRTC compiles for the device's
@@ -57,20 +59,26 @@ DLPack device      2 (kDLCUDA)                        10 (kDLROCM)
 
 from __future__ import annotations
 
-import ctypes
 import glob
-import importlib.metadata
 import os
 import re
 from typing import Any
 
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
 from ..kernel_cache import KernelCache
+from ._rocm import (
+    LIBRARY,
+    ROCM_HINT,
+    c_text,
+    device_node,
+    hip_python_version,
+    hip_version_text,
+    library_path,
+    load_error,
+)
 from ._stream import DLPACK_ROCM, StreamBackend, make_error
 
 INSTALL = 'pip install "hrx-async[hip]"'
-LIBRARY = "libamdhip64.so"
-ROCM_HINT = f"ROCm: {LIBRARY} and libhiprtc.so in $ROCM_PATH/lib, /opt/rocm/lib or LD_LIBRARY_PATH"
 
 STICKY_ERRORS = frozenset(
     {
@@ -190,7 +198,7 @@ def _hiprtc_text(hiprtc: Any, status: Any) -> str:
         _, text = hiprtc.hiprtcGetErrorString(status)
     except Exception:  # describing an error must not raise another
         return ""
-    return _text(text) if text is not None else ""
+    return c_text(text) if text is not None else ""
 
 
 class HipTable:
@@ -236,7 +244,7 @@ class HipTable:
         message = ""
         try:
             _, text = self.hip.hipGetErrorString(status)
-            message = _text(text) if text is not None else ""
+            message = c_text(text) if text is not None else ""
         except Exception:  # describing an error must not raise another
             pass
         return make_error("hip", operation, name, message, STICKY_ERRORS)
@@ -266,11 +274,11 @@ class HipTable:
         except (BackendUnavailable, BackendError) as exc:
             compiler = f"unavailable ({exc})"
         return {
-            "name": _text(props.name),
-            "gcn_arch": _text(props.gcnArchName),
-            "driver_version": _hip_version(int(driver)),
-            "runtime_version": _hip_version(int(runtime)),
-            "hip_python": _distribution_version(),
+            "name": c_text(props.name),
+            "gcn_arch": c_text(props.gcnArchName),
+            "driver_version": hip_version_text(int(driver)),
+            "runtime_version": hip_version_text(int(runtime)),
+            "hip_python": hip_python_version(),
             "compiler": compiler,
             "memory_total_bytes": int(total),
             "memory_free_bytes": int(free),
@@ -492,33 +500,13 @@ class HipTable:
         return compile_cxx(source, name, options)
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace").rstrip("\0")
-    return str(value).rstrip("\0")
-
-
-def _hip_version(number: int) -> str:
-    """HIP's MAJOR*10_000_000 + MINOR*100_000 + PATCH as "MAJOR.MINOR.PATCH"."""
-    return f"{number // 10_000_000}.{number // 100_000 % 100}.{number % 100_000}"
-
-
-def _distribution_version() -> str | None:
-    for name in ("hip-python", "rocm-bindings-hip"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _open_table(device: int) -> HipTable:
     table = HipTable()
     hip = table.hip
     try:
         status, count = hip.hipGetDeviceCount()
     except Exception as exc:  # hip-python raises RuntimeError when the dlopen fails
-        reason = _load_error(_library_path()) or str(exc)
+        reason = load_error(library_path()) or str(exc)
         raise BackendUnavailable(
             "hip", f"the ROCm runtime {LIBRARY} could not be loaded: {reason}", ROCM_HINT
         ) from None
@@ -538,7 +526,7 @@ def _open_table(device: int) -> HipTable:
         props = table._check(hip.hipGetDeviceProperties(device), "hipGetDeviceProperties")
     except BackendError as exc:
         raise BackendUnavailable("hip", f"device {device} could not be opened ({exc})") from None
-    table.arch = _text(props.gcnArchName)
+    table.arch = c_text(props.gcnArchName)
     if not _TARGET.fullmatch(table.arch):
         raise BackendUnavailable(
             "hip", f"device {device} reports gcnArchName {table.arch!r}, which is no gfx target"
@@ -573,12 +561,12 @@ def hip_doctor() -> dict[str, Any]:
     whether this user may open them.
     """
     report: dict[str, Any] = {
-        "hip_python": {"importable": False, "version": _distribution_version(), "error": None},
+        "hip_python": {"importable": False, "version": hip_python_version(), "error": None},
         "library": {"name": LIBRARY, "path": None, "loaded": False, "error": None},
         "devices": [],
         "devices_error": None,
-        "kfd": _node("/dev/kfd"),
-        "render_nodes": [_node(path) for path in sorted(glob.glob("/dev/dri/renderD*"))],
+        "kfd": device_node("/dev/kfd"),
+        "render_nodes": [device_node(path) for path in sorted(glob.glob("/dev/dri/renderD*"))],
     }
     hip: Any = None
     try:
@@ -587,8 +575,8 @@ def hip_doctor() -> dict[str, Any]:
     except BackendUnavailable as exc:
         report["hip_python"]["error"] = exc.reason
     library = report["library"]
-    library["path"] = _library_path() if hip is not None else LIBRARY
-    library["error"] = _load_error(library["path"])
+    library["path"] = library_path() if hip is not None else LIBRARY
+    library["error"] = load_error(library["path"])
     library["loaded"] = library["error"] is None
     if hip is not None and library["loaded"]:
         try:
@@ -596,27 +584,6 @@ def hip_doctor() -> dict[str, Any]:
         except Exception as exc:  # a broken runtime is a finding, not a crash
             report["devices_error"] = f"{type(exc).__name__}: {exc}"
     return report
-
-
-def _library_path() -> str:
-    """Where hip-python looks for the runtime (its own search order), else the bare name."""
-    try:
-        from rocm.bindings.util.paths import get_library_path
-    except ImportError:  # hip-python releases before the rocm.bindings layout
-        return LIBRARY
-    try:
-        return os.fsdecode(get_library_path("amdhip64"))
-    except Exception:  # a search that fails leaves the system loader to decide
-        return LIBRARY
-
-
-def _load_error(path: str) -> str | None:
-    """The dynamic loader's complaint about `path`, or None when it loads."""
-    try:
-        ctypes.CDLL(path)
-    except OSError as exc:
-        return str(exc)
-    return None
 
 
 def _devices(hip: Any) -> list[dict[str, Any]]:
@@ -631,26 +598,17 @@ def _devices(hip: Any) -> list[dict[str, Any]]:
         if status:
             devices.append({"index": index, "error": status.name})
             continue
-        arch = _text(props.gcnArchName)
+        arch = c_text(props.gcnArchName)
         devices.append(
             {
                 "index": index,
-                "name": _text(props.name),
+                "name": c_text(props.name),
                 "gcn_arch": arch,
                 "target": arch.split(":")[0],
                 "memory_total_bytes": int(props.totalGlobalMem),
             }
         )
     return devices
-
-
-def _node(path: str) -> dict[str, Any]:
-    present = os.path.exists(path)
-    return {
-        "path": path,
-        "present": present,
-        "accessible": present and os.access(path, os.R_OK | os.W_OK),
-    }
 
 
 __all__ = [

@@ -1,0 +1,327 @@
+"""The fences of a stream backend, the events they are recorded with, and their waiters.
+
+A fence is an event recorded after a program on one stream. The unfinished
+fences of a stream are kept in issue order (`StreamFences`): fences of one
+stream finish in order. While the event loop watches a stream it sweeps the
+finished head fences itself, once per loop iteration; when it stops watching,
+a Python-owned waiter thread (`FenceWaiter`) blocks in the native event wait on
+the oldest unfinished fence and finishes every completed one in one batch. No
+Python callable is ever handed to the driver.
+
+Threads: fences are issued from one thread (the event loop's) and finish on
+that thread or on waiter threads. Events are pooled (`EventPool`): only the
+submitting thread re-records an event, and an event goes back to the pool only
+once no waiter is blocked on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import BackendError, Cancelled
+from ._stream_driver import DriverTable, quietly
+from ._threads import ThreadFence
+
+
+class StreamFence:
+    """An event recorded after a program on one stream; finished by its `StreamFences`."""
+
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_error",
+        "_event",
+        "_thread_event",
+        "_track",
+        "finished_at",
+        "issued_at",
+        "started_at",
+    )
+
+    def __init__(self, track: StreamFences, event: Any, issued_at: float) -> None:
+        self._track = track
+        self._event = event
+        self._callbacks: list[Callable[[Any], None]] | None = None
+        self._done = False
+        self._error: BaseException | None = None
+        self._thread_event: threading.Event | None = None
+        self.issued_at = issued_at
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def pending_event(self) -> Any:
+        """The event to wait on device-side, or None once finished."""
+        return None if self._done else self._event
+
+    def query(self) -> bool:
+        if self._done:
+            return True
+        try:
+            if not self._track.table.event_query(self._event):
+                return False
+        except BackendError as exc:
+            self._track.finish_early(self, exc)
+            return True
+        self._track.finish_early(self, None)
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._track.lock:
+            if self._done:
+                return True
+            if self._thread_event is None:
+                self._thread_event = threading.Event()
+            waiter = self._thread_event
+        return waiter.wait(timeout)
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def skipped(self) -> bool:
+        return False
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        with self._track.lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def _mark(
+        self, error: BaseException | None, started_at: float, now: float
+    ) -> list[Callable[[Any], None]] | None:
+        """Finish under the track's lock; returns the callbacks to run outside it."""
+        self._error = error
+        self.started_at = started_at
+        self.finished_at = now
+        self._done = True
+        callbacks, self._callbacks = self._callbacks, None
+        if self._thread_event is not None:
+            self._thread_event.set()
+        return callbacks
+
+
+def finished_fence(refusal: BaseException) -> ThreadFence:
+    """A fence for a program that never ran: skipped when cancelled, else failed."""
+    fence = ThreadFence()
+    if isinstance(refusal, Cancelled):
+        fence.finish(skipped=True)
+    else:
+        fence.finish(refusal)
+    return fence
+
+
+class EventPool:
+    """Reusable events, taken by the loop thread and given back by whoever finishes a fence."""
+
+    def __init__(self, table: DriverTable, blocking: bool) -> None:
+        self._table = table
+        self._blocking = blocking
+        self._free: collections.deque[Any] = collections.deque()
+        self._all: list[Any] = []
+
+    def take(self) -> Any:
+        try:
+            return self._free.pop()
+        except IndexError:
+            event = self._table.event_create(self._blocking)
+            self._all.append(event)
+            return event
+
+    def give(self, event: Any) -> None:
+        self._free.append(event)
+
+    def close(self) -> None:
+        for event in self._all:
+            quietly(self._table.event_destroy, event)
+        self._all.clear()
+        self._free.clear()
+
+
+class StreamFences:
+    """The unfinished fences of one stream, in issue order, and the thread that waits on them.
+
+    Fences of one stream finish in order, so finishing always works from the head.
+    Two parties finish them. While the event loop *watches* the stream it sweeps
+    the head itself (`sweep()`, once per loop iteration): a short wait then costs
+    no thread hop and no contention for the interpreter lock. Otherwise a waiter
+    thread blocks in the native wait on the oldest unfinished fence and finishes
+    every completed one in one batch. The lock guards the deque and each fence's
+    state; callbacks always run outside it.
+
+    An event goes back to the pool once its fence is finished and the waiter
+    is not blocked on it, so a fence's event is never re-recorded under a wait.
+    """
+
+    def __init__(self, table: DriverTable, device: int, pool: EventPool, name: str) -> None:
+        self.table = table
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.pending: collections.deque[StreamFence] = collections.deque()
+        self.watched = False
+        self._last_finished = 0.0
+        self._waiting_on: StreamFence | None = None
+        self._parked = False
+        """The waiter's fence was finished meanwhile: the waiter gives back its event."""
+        self._waiter = FenceWaiter(self, device, name)
+
+    def add(self, fence: StreamFence) -> None:
+        self.pending.append(fence)
+        if not self.watched:
+            self._waiter.wake()
+
+    def watch(self) -> None:
+        """The loop sweeps this stream from now on; the waiter stays away."""
+        self.watched = True
+
+    def unwatch(self) -> None:
+        """The loop stops sweeping: the waiter takes over whatever is unfinished."""
+        self.watched = False
+        if self.pending:
+            self._waiter.wake()
+
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        """Finish up to `limit` fences whose work completed, from the head: (how many
+        were finished, whether any remain)."""
+        with self.lock:
+            finished = self._collect(None, None, limit)
+        _run_callbacks(finished)
+        return len(finished), bool(self.pending)
+
+    def finish_early(self, fence: StreamFence, error: BaseException | None) -> None:
+        """`fence` was found complete out of order; it leaves the deque at the next sweep."""
+        with self.lock:
+            if fence._done:
+                return
+            callbacks = fence._mark(error, fence.issued_at, time.perf_counter())
+        _run_callbacks([(fence, callbacks)])
+
+    def _collect(
+        self, head: StreamFence | None, head_error: BaseException | None, limit: int = -1
+    ) -> list[tuple[StreamFence, list[Callable[[Any], None]] | None]]:
+        """Under the lock: pop and finish completed fences (`head` is known complete), at
+        most `limit` of them when it is positive."""
+        finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]] = []
+        pending = self.pending
+        table = self.table
+        now = time.perf_counter()
+        while pending and limit:
+            limit -= 1
+            fence = pending[0]
+            callbacks = None
+            if not fence._done:
+                error: BaseException | None = None
+                if fence is head:
+                    error = head_error
+                else:
+                    try:
+                        if not table.event_query(fence._event):
+                            break
+                    except BackendError as exc:
+                        error = exc
+                # A fence cannot start before the previous one on its stream finished.
+                started = max(fence.issued_at, self._last_finished)
+                callbacks = fence._mark(error, started, now)
+                self._last_finished = now
+            pending.popleft()
+            if fence is self._waiting_on:
+                self._parked = True
+            else:
+                self.pool.give(fence._event)
+            if callbacks:
+                finished.append((fence, callbacks))
+        return finished
+
+    # -- the waiter thread's side --------------------------------------------------------
+
+    def next_to_wait(self) -> StreamFence | None:
+        """The oldest unfinished fence, unless the loop watches the stream (or none is left)."""
+        with self.lock:
+            if self.watched:
+                return None
+            finished = self._collect(None, None)
+            head = self.pending[0] if self.pending else None
+            self._waiting_on = head
+        _run_callbacks(finished)
+        return head
+
+    def waited(self, head: StreamFence, error: BaseException | None) -> None:
+        """The native wait on `head` returned: finish it and everything completed after it."""
+        with self.lock:
+            self._waiting_on = None
+            if self._parked:
+                self._parked = False
+                self.pool.give(head._event)
+            finished = self._collect(head, error)
+        _run_callbacks(finished)
+
+    def close(self) -> None:
+        self._waiter.close()
+
+
+def _run_callbacks(
+    finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]],
+) -> None:
+    for fence, callbacks in finished:
+        if callbacks:
+            for callback in callbacks:
+                callback(fence)
+
+
+class FenceWaiter:
+    """The thread that waits natively for one stream's fences the loop is not watching."""
+
+    def __init__(self, track: StreamFences, device: int, name: str) -> None:
+        self._track = track
+        self._device = device
+        # A lock used as a binary semaphore: released to wake the idle thread (one futex op).
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._idle = False
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        # The thread sets _idle before its last look for work, so either it sees the new
+        # work or we see _idle and release it.
+        if self._idle:
+            with contextlib.suppress(RuntimeError):  # already released: it is awake
+                self._wake.release()
+
+    def close(self) -> None:
+        self._closing = True
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        track = self._track
+        table = track.table
+        with contextlib.suppress(BackendError):  # the waits below report the device's state
+            table.set_device(self._device)
+        while not self._closing:
+            head = track.next_to_wait()
+            if head is None:
+                self._idle = True
+                if track.next_to_wait() is None and not self._closing:
+                    self._wake.acquire()
+                self._idle = False
+                continue
+            error: BaseException | None = None
+            try:
+                table.event_synchronize(head._event)
+            except BackendError as exc:
+                error = exc
+            track.waited(head, error)
+
+
+__all__ = ["EventPool", "FenceWaiter", "StreamFence", "StreamFences", "finished_fence"]
