@@ -23,7 +23,7 @@ import anyio
 from . import __version__
 from .errors import ContractError, HrxError, Unsupported
 from .examples import NAMES, spec
-from .examples._common import (
+from .examples.common import (
     BACKENDS,
     EXIT_FAILURE,
     EXIT_OK,
@@ -155,7 +155,7 @@ def doctor_command(args: argparse.Namespace) -> int:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from .examples._common import main_for
+    from .examples.common import main_for
 
     # Global options may also follow NAME, among the program's own arguments.
     forwarded = [item for item in args.args if item not in ("-q", "--quiet")]

@@ -16,7 +16,7 @@ import pytest
 
 from hrx_async.cli import build_parser, main
 from hrx_async.errors import ContractError
-from hrx_async.examples._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hrx_async.lanes.lane import Lane
 from hrx_async.runner import kernel_source
 from hrx_async.trace import ExecutionTrace, TraceEvent

@@ -15,7 +15,7 @@ import pytest
 
 from hrx_async.contract import bf16_bits
 from hrx_async.examples import NAMES, gpu_npu_parallel, spec
-from hrx_async.examples._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main_for
+from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main_for
 from hrx_async.examples.kernels import (
     BatchedGemmBf16,
     bf16_from_f32,

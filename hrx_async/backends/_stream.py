@@ -58,8 +58,8 @@ from ._stream_programs import (
     check_kernel_metadata,
     constant_sizes,
 )
-from ._threads import Preflight
 from .base import Fence, QueueKey
+from .worker import Preflight
 
 DEFAULT_POLL_BUDGET_US = 30.0
 """Beyond a region's usual duration, how long an otherwise idle loop keeps sweeping a

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import BackendError, Cancelled
 from ._stream_driver import DriverTable, quietly
-from ._threads import ThreadFence
+from .worker import ThreadFence
 
 
 class StreamFence:

@@ -22,9 +22,9 @@ from ..kernels import KernelSource
 from ..lanes.lane import Lane
 from ..memory import Placement
 from ..ops import Op
-from ._numpy_ops import ByteArray, StepProgram, compile_region
-from ._threads import WorkerQueue
 from .base import HostArray, QueueKey
+from .numpy_ops import ByteArray, StepProgram, compile_region
+from .worker import WorkerQueue
 
 SIM_TARGET = "sim"
 SIM_NPU_TARGET = "sim-npu"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._common import ExampleResult, ExampleSpec, Report, UsageError
+from .common import ExampleResult, ExampleSpec, Report, UsageError
 
 NAMES = ("gpu_npu_parallel", "shared_roundtrip", "shared_bench", "gemm_pipeline", "graph_prepare")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import Access, Binding, KernelContract, KernelSource, NpuDevice, NpuKernel
-from ._common import UsageError, parse_count
+from .common import UsageError, parse_count
 from .kernels import npu_copy
 
 DEFAULT_BYTES = 1 << 20

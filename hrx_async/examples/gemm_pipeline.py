@@ -27,7 +27,7 @@ from .. import Access, Binding, Buffer, Constants, KernelContract, KernelSource,
 from ..benchmark import percentile
 from ..errors import ContractError
 from ..runner import import_kernel_module
-from ._common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
+from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 from .kernels import ADD_F32_CXX, BLOCK, EULER_CXX, GemmBf16, add_f32_host, euler_host
 
 NAME = "gemm_pipeline"

@@ -36,7 +36,7 @@ from .. import (
 )
 from ..lanes.lane import Lane
 from ..trace import ExecutionTrace
-from ._common import (
+from .common import (
     ExampleFailed,
     ExampleResult,
     ExampleSpec,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from .. import GPU_LOCAL, Runtime
 from ..lanes.lane import Lane
 from ..ops import Fill
-from ._common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
+from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 
 NAME = "graph_prepare"
 USAGE = "usage: graph_prepare"

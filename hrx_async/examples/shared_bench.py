@@ -16,8 +16,8 @@ import numpy as np
 
 from .. import Runtime, shared
 from ..benchmark import percentile
-from ._common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
 from ._shared import load_copy, parse_bytes
+from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
 
 NAME = "shared_bench"
 USAGE = "usage: shared_bench [bytes]"

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import Runtime, shared
-from ._common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
 from ._shared import load_copy, parse_bytes
+from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
 
 NAME = "shared_roundtrip"
 USAGE = "usage: shared_roundtrip [bytes]"

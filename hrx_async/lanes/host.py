@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..backends._numpy_ops import ByteArray, StepProgram, compile_region, view_array
-from ..backends._threads import WorkerQueue
 from ..backends.base import HostArray, QueueKey
+from ..backends.numpy_ops import ByteArray, StepProgram, compile_region, view_array
+from ..backends.worker import WorkerQueue
 from ..contract import Access
 from ..lanes.lane import Lane
 from ..ops import HostCall, Op
@@ -47,7 +47,7 @@ class HostExecutor:
         return self._worker
 
     def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> StepProgram | AsyncHostProgram:
-        from ..backends._numpy_ops import is_async_host_call
+        from ..backends.numpy_ops import is_async_host_call
 
         if len(ops) == 1 and is_async_host_call(ops[0]):
             op = ops[0]
