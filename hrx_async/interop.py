@@ -38,8 +38,8 @@ from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
 from .graph import Interval, RegionPlan
 from .lanes.lane import Lane
 from .lanes.region import DONE, FAILED, ISSUED, RegionRun, Submission
+from .mappings import MappingToken
 from .memory import Buffer, Placement, PlacementKind, View
-from .runtime import _MappingToken
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -77,7 +77,7 @@ class GpuAccess:
     arrays: tuple[ByteArray, ...] | None = None
 
 
-class _ExternalToken(_MappingToken):
+class _ExternalToken(MappingToken):
     """An allocation reserved by a `gpu_access` block."""
 
     __slots__ = ()
@@ -553,6 +553,7 @@ async def gpu_access(
             f"stream must be a raw stream handle (int >= 0) of the {backend.name} backend, "
             f"got {stream!r}"
         )
+    mappings = runtime._host_mappings
     uses: dict[int, list[Any]] = {}
     for view, mode in pairs:
         entry = uses.setdefault(view.buffer.ident, [view.buffer, False, False])
@@ -561,7 +562,7 @@ async def gpu_access(
     for buffer, _writes, reads in uses.values():
         if reads and buffer.poison is not None:
             raise PoisonedError(buffer.label, buffer.poison)
-        if runtime._mappings.get(buffer.ident):
+        if mappings.holds(buffer.ident):
             raise Busy(f"{buffer.label} has a live host mapping or gpu_access; release it first")
     tracker = scheduler.tracker
     tokens = [_ExternalToken(buffer.view(), writes) for buffer, writes, _ in uses.values()]
@@ -572,8 +573,7 @@ async def gpu_access(
                 pending[id(dep)] = dep
     for token in tokens:
         tracker.record(token.view.buffer.ident, 0, token.end, token.write, token)
-        runtime._mappings.setdefault(token.view.buffer.ident, []).append(token)
-        runtime._mapping_count += 1
+        mappings.add(token)
     handle: int | None = None
     try:
         for dep in pending.values():
@@ -605,12 +605,7 @@ async def gpu_access(
         yield access
     finally:
         for token in tokens:
-            held = runtime._mappings.get(token.view.buffer.ident)
-            if held is not None and token in held:
-                held.remove(token)
-                if not held:
-                    del runtime._mappings[token.view.buffer.ident]
-                runtime._mapping_count -= 1
+            mappings.drop(token)
             tracker.forget(token)
         if handle is not None and runtime._scheduler is not None:
             assert isinstance(backend, GpuInterop)

@@ -7,41 +7,30 @@ records, prepares or submits is synchronous; only waiting is async.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 
-from . import _validate
+from . import _validate, interop
 from .backends import GPU_BACKENDS, open_gpu_backend
 from .backends.base import Backend
 from .backends.sim import SimBackend
 from .contract import Access, KernelContract, check_dims
-from .errors import (
-    BackendError,
-    Busy,
-    ContractError,
-    DeviceLost,
-    PoisonedError,
-    RuntimeClosed,
-    Unsupported,
-)
-from .graph import Graph, GraphPlan, tracked_range
+from .errors import BackendError, Busy, ContractError, DeviceLost, RuntimeClosed
+from .graph import Graph, GraphPlan
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .lanes.host import HostExecutor
 from .lanes.lane import Lane
-from .lanes.region import RegionRun
 from .lanes.scheduler import Scheduler
+from .mappings import HostMappings
 from .memory import (
     GPU_LOCAL,
     Buffer,
@@ -55,10 +44,6 @@ from .memory import (
 from .prepared import PreparedGraph
 from .stats import Counters, Statistics
 from .trace import ExecutionTrace, TraceRecorder
-
-if TYPE_CHECKING:
-    from .interop import GpuAccess
-
 
 _MAX_SIM_NPUS = 64
 """Each sim NPU is a lane task; more than this is a mistake, not a machine."""
@@ -89,33 +74,6 @@ class NpuDevice:
 
     def __repr__(self) -> str:
         return f"<NpuDevice {self.index} {self.target}>"
-
-
-class _MappingToken:
-    """A live host mapping as the tracker and the conflict check see it.
-
-    `memory` is the memoryview handed out (None until the bytes are mapped); `task` is the
-    task holding an `async with` mapping, None for the `*_nowait` forms (and for the
-    `gpu_access` blocks of `hrx_async.interop`, which subclass this).
-    """
-
-    __slots__ = ("end", "mapped", "memory", "start", "task", "view", "write")
-
-    def __init__(self, view: View, write: bool, task: object = None) -> None:
-        self.view = view
-        self.write = write
-        self.task = task
-        self.memory: memoryview | None = None
-        self.mapped = False
-        """The bytes were handed out: a whole write mapping then counts as an overwrite."""
-        self.start, self.end = tracked_range(view)
-
-    def conflict(self, label: str, start: int, end: int) -> str:
-        """Why a submit touching [start, end) of buffer `label` is refused while this is held."""
-        return (
-            f"{label}[{start}:{end}] is host-mapped for {'writing' if self.write else 'reading'}; "
-            "release the mapping before submitting work on those bytes"
-        )
 
 
 class Runtime:
@@ -179,14 +137,7 @@ class Runtime:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
         self._finalizers: dict[int, weakref.finalize[Any, Any]] = {}
-        self._mappings: dict[int, list[_MappingToken]] = {}
-        self._mapping_count = 0
-        self._mapping_ended: anyio.Event | None = None
-        """Set when a mapping ends while closing waits for mappings to end."""
-        self._exports: dict[int, list[weakref.ref[Any]]] = {}
-        """Per buffer, the host arrays behind the memoryviews mappings handed out."""
-        self._closing = False
-        self._task_getter: Callable[[], object] | None = None
+        self._host_mappings = HostMappings(self)
         self._trace: TraceRecorder | None = None
         self._lost: BaseException | None = None
         self._entered = False
@@ -228,7 +179,7 @@ class Runtime:
             if exc is None:
                 await self._settle(scheduler)
         finally:
-            self._closing = True
+            self._host_mappings.closing = True
             try:
                 with anyio.CancelScope(shield=True):
                     try:
@@ -247,68 +198,15 @@ class Runtime:
     async def _settle(self, scheduler: Scheduler) -> None:
         """Wait until no submission is in flight and no other task holds an `async with`
         mapping. Draining is shielded as on every exit; waiting for mappings is not."""
-        me = self._current_task()
         while True:
             with anyio.CancelScope(shield=True):
                 await scheduler.drain()
-            held = self._held_elsewhere(me)
-            if held is None:
+            if not await self._host_mappings.wait_for_other_tasks():
                 return
-            ended = self._mapping_ended = anyio.Event()
-            if held:
-                await ended.wait()
-            else:
-                # A gpu_access block ends without telling the runtime: look again soon.
-                with anyio.move_on_after(0.005):
-                    await ended.wait()
-
-    def _held_elsewhere(self, me: object) -> bool | None:
-        """None when no other task holds a mapping closing waits for; True when one does
-        and will say when it ends; False when only a `gpu_access` block (which does not)
-        is held."""
-        found: bool | None = None
-        for tokens in self._mappings.values():
-            for token in tokens:
-                if token.task is not None:
-                    if token.task is not me:
-                        return True
-                elif type(token) is not _MappingToken:
-                    found = False
-        return found
-
-    def _invalidate_mappings(self) -> None:
-        """Release every memoryview live mappings handed out and forget the mappings, so
-        ending them later changes nothing."""
-        for tokens in self._mappings.values():
-            for token in tokens:
-                memory = token.memory
-                if memory is not None:
-                    # BufferError: something holds a raw buffer export of the memoryview;
-                    # the storage under it then stays allocated (see _release_storage).
-                    with contextlib.suppress(BufferError):
-                        memory.release()
-        self._mappings.clear()
-        self._mapping_count = 0
-
-    def _current_task(self) -> object:
-        """The running task (asyncio or trio), found cheaply: `async with` mappings note
-        theirs so that closing never waits on the closing task itself."""
-        getter = self._task_getter
-        if getter is None:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                import trio.lowlevel
-
-                getter = trio.lowlevel.current_task
-            else:
-                getter = asyncio.current_task
-            self._task_getter = getter
-        return getter()
 
     def _close_backends(self) -> None:
-        self._closing = True
-        self._invalidate_mappings()
+        self._host_mappings.closing = True
+        self._host_mappings.invalidate()
         for ident, finalizer in list(self._finalizers.items()):
             buffer = self._buffers.get(ident)
             finalizer()
@@ -456,15 +354,8 @@ class Runtime:
 
     def _release_storage(self, ident: int, storage: Any, nbytes: int) -> None:
         self._finalizers.pop(ident, None)
-        refs = self._exports.pop(ident, ())
-        # Host arrays handed out by mappings that something still reaches (a slice of a
-        # memoryview, a numpy array over it) keep the native memory until they are gone.
-        exported = [array for array in (ref() for ref in refs) if array is not None]
-        if self._backend is not None:
-            if exported:
-                _DeferredFree(self._backend.free, storage, exported)
-            else:
-                self._backend.free(storage)
+        free = self._backend.free if self._backend is not None else None
+        self._host_mappings.free_storage(ident, storage, free)
         self._counters.released(nbytes)
         if self._budget is not None:
             self._budget.release(nbytes)
@@ -474,7 +365,7 @@ class Runtime:
     def _release_buffer(self, buffer: Buffer) -> None:
         scheduler = self._scheduler
         if scheduler is not None and (
-            scheduler.tracker.segments(buffer.ident) or self._mappings.get(buffer.ident)
+            scheduler.tracker.segments(buffer.ident) or self._host_mappings.holds(buffer.ident)
         ):
             raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
         finalizer = self._finalizers.get(buffer.ident)
@@ -547,132 +438,21 @@ class Runtime:
         """Wait until every submission made so far has finished."""
         await self._scheduler_or_raise().drain()
 
-    # -- host mappings ---------------------------------------------------------
+    # -- host mappings (hrx_async.mappings) ------------------------------------
+
+    @property
+    def _mapping_count(self) -> int:
+        """Live mappings: the scheduler checks conflicts on submit only when nonzero."""
+        return self._host_mappings.count
 
     def _check_mapping_conflicts(self, plan: GraphPlan) -> None:
-        if not self._mapping_count:
-            return
-        for intervals, writes in ((plan.writes, True), (plan.reads, False)):
-            for interval in intervals:
-                for token in self._mappings.get(interval.buffer.ident, ()):
-                    if (
-                        (writes or token.write)
-                        and token.start < interval.end
-                        and interval.start < token.end
-                    ):
-                        raise Busy(
-                            token.conflict(interval.buffer.label, interval.start, interval.end)
-                        )
+        self._host_mappings.check_conflicts(plan)
 
-    def _begin_map(
-        self, view: View, write: bool, wait: bool
-    ) -> tuple[_MappingToken, list[RegionRun]]:
-        scheduler = self._scheduler_or_raise()
-        if self._closing:
-            raise RuntimeClosed("the runtime is closing; it maps no more memory")
-        view = _validate.view_of(view, self.domain, "a mapped view")
-        buffer = view.buffer
-        if not buffer.placement.host_mappable:
-            raise Unsupported(
-                f"{buffer.label} is {buffer.placement} memory, which cannot be host-mapped; "
-                "copy it to HOST_VISIBLE memory"
-            )
-        token = _MappingToken(view, write, self._current_task() if wait else None)
-        whole = view.offset == 0 and view.nbytes == buffer.nbytes
-        if buffer.poison is not None and not (write and whole):
-            cause = scheduler.poison_book.overlaps(buffer, token.start, token.end)
-            if cause is not None:
-                raise PoisonedError(buffer.label, cause)
-        for other in self._mappings.get(buffer.ident, ()):
-            if (write or other.write) and other.start < token.end and token.start < other.end:
-                raise Busy(f"{buffer.label} already has a conflicting host mapping")
-        tracker = scheduler.tracker
-        pending = [
-            dep
-            for dep in tracker.dependencies(buffer.ident, token.start, token.end, write)
-            if isinstance(dep, RegionRun) and not dep.finished
-        ]
-        if pending and not wait:
-            raise Busy(f"{view} has pending conflicting work; use the waiting map form")
-        tracker.record(buffer.ident, token.start, token.end, write, token)
-        self._mappings.setdefault(buffer.ident, []).append(token)
-        self._mapping_count += 1
-        return token, pending
-
-    def _forget_map(self, token: _MappingToken) -> bool:
-        """Drop a mapping's token; False when it had already ended or closing dropped it."""
-        token.memory = None
-        buffer = token.view.buffer
-        tokens = self._mappings.get(buffer.ident)
-        if tokens is None or token not in tokens:
-            return False
-        tokens.remove(token)
-        if not tokens:
-            del self._mappings[buffer.ident]
-        self._mapping_count -= 1
-        if self._scheduler is not None:
-            self._scheduler.tracker.forget(token)
-        return True
-
-    def _end_map(self, token: _MappingToken) -> None:
-        if not self._forget_map(token):
-            return  # ending it again, or after closing invalidated it, changes nothing
-        buffer = token.view.buffer
-        whole = token.view.offset == 0 and token.view.nbytes == buffer.nbytes
-        if token.mapped and token.write and whole and self._scheduler is not None:
-            # A whole write mapping that was handed out overwrote every byte; one that
-            # never got its memory (cancelled or refused while waiting) clears nothing.
-            self._scheduler.poison_book.clear(buffer)
-        ended = self._mapping_ended
-        if ended is not None and token.task is not None:
-            # Only `async with` mappings end here on the loop thread; closing waits on them.
-            self._mapping_ended = None
-            ended.set()
-
-    def _memory(self, view: View, write: bool) -> memoryview:
-        backend = self._backend_or_raise()
-        # A fresh array per mapping: while a weak reference to it is alive, something
-        # derived from the memoryview still reaches the storage (see _release_storage).
-        array = backend.host_array(view.buffer.storage, view.offset, view.nbytes).view()
-        refs = self._exports.get(view.buffer.ident)
-        if refs is None:
-            refs = self._exports[view.buffer.ident] = []
-        elif len(refs) >= 8:  # mostly dead references of mappings that ended
-            refs[:] = [ref for ref in refs if ref() is not None]
-        refs.append(weakref.ref(array))
-        memory = array.data
-        return memory if write else memory.toreadonly()
-
-    @asynccontextmanager
-    async def _map(self, view: View, write: bool, wait: bool) -> AsyncIterator[memoryview]:
-        token, pending = self._begin_map(view, write, wait)
-        try:
-            for dep in pending:
-                await dep.wait_finished()
-            if view.buffer.poison is not None and not write:
-                cause = self._scheduler_or_raise().poison_book.overlaps(
-                    view.buffer, token.start, token.end
-                )
-                if cause is not None:
-                    raise PoisonedError(view.buffer.label, cause)
-            memory = token.memory = self._memory(view, write)
-            token.mapped = True
-            try:
-                yield memory
-            finally:
-                memory.release()
-        finally:
-            self._end_map(token)
+    def _map(self, view: View, write: bool, wait: bool) -> AbstractAsyncContextManager[memoryview]:
+        return self._host_mappings.map(view, write, wait)
 
     def _map_nowait(self, view: View, write: bool) -> HostMapping:
-        token, _ = self._begin_map(view, write, wait=False)
-        try:
-            memory = token.memory = self._memory(token.view, write)
-            token.mapped = True
-        except BaseException:
-            self._forget_map(token)  # nothing was mapped: no mapping to end
-            raise
-        return HostMapping(token.view, memory, write, lambda: self._end_map(token))
+        return self._host_mappings.map_nowait(view, write)
 
     # -- interop (hrx_async.interop) -------------------------------------------
 
@@ -683,21 +463,17 @@ class Runtime:
         DLPack), zero-copy. The array is kept alive with the buffer; counted in `imports`;
         charged to the budget unless its bytes are already one of this runtime's buffers.
         Placement GPU_LOCAL or shared(npu) (host-mapped memory only). On sim: host arrays."""
-        from .interop import adopt_gpu_buffer
-
-        return adopt_gpu_buffer(self, obj, placement, label)
+        return interop.adopt_gpu_buffer(self, obj, placement, label)
 
     def gpu_access(
         self, accesses: Iterable[tuple[View, Access]], stream: int | None = None
-    ) -> AbstractAsyncContextManager[GpuAccess]:
+    ) -> AbstractAsyncContextManager[interop.GpuAccess]:
         """`async with rt.gpu_access([(view, Access.WRITE), ...]) as access:` hands native code
         `access.stream` and `access.pointers`. Whole allocations are reserved; conflicting
         submitted work finishes first; submits and maps on them are `Busy` inside; later
         work is ordered after the block's stream work by an event. `stream`: queue on this
         raw handle instead of the runtime's own interop stream."""
-        from .interop import gpu_access
-
-        return gpu_access(self, accesses, stream)
+        return interop.gpu_access(self, accesses, stream)
 
     def _dlpack(
         self,
@@ -707,38 +483,10 @@ class Runtime:
         dl_device: tuple[int, int] | None,
         copy: bool | None,
     ) -> Any:
-        from .interop import export_dlpack
-
-        return export_dlpack(self, view, stream, max_version, dl_device, copy)
+        return interop.export_dlpack(self, view, stream, max_version, dl_device, copy)
 
     def _dlpack_device(self, view: View) -> tuple[int, int]:
-        from .interop import dlpack_device
-
-        return dlpack_device(self, view)
-
-
-class _DeferredFree:
-    """Frees native storage once every given host array over it has been collected."""
-
-    __slots__ = ("_free", "_left", "_lock", "_storage")
-
-    def __init__(self, free: Callable[[Any], None], storage: Any, arrays: list[Any]) -> None:
-        self._free: Callable[[Any], None] | None = free
-        self._storage = storage
-        self._left = len(arrays)
-        self._lock = threading.Lock()
-        for array in arrays:
-            weakref.finalize(array, self._gone)
-
-    def _gone(self) -> None:
-        # The last array may go on any thread; the lock makes exactly one call free.
-        with self._lock:
-            self._left -= 1
-            free, storage = (self._free, self._storage) if self._left == 0 else (None, None)
-            if free is not None:
-                self._free = self._storage = None
-        if free is not None:
-            free(storage)
+        return interop.dlpack_device(self, view)
 
 
 __all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]
