@@ -27,7 +27,7 @@ import numpy as np
 from .errors import ContractError
 
 if TYPE_CHECKING:
-    from .memory import Domain, View
+    pass
 
 T = TypeVar("T")
 
@@ -176,25 +176,6 @@ def view_range(buffer_nbytes: int, offset: object, nbytes: object) -> tuple[int,
     return start, length
 
 
-def view_of(value: object, domain: Domain, what: str) -> View:
-    """A view of a live buffer of `domain`, inside that buffer."""
-    if not isinstance(value, memory.View):
-        raise ContractError(
-            f"{what} must be a View (buffer.view() or buffer[a:b]), got {shown(value)}"
-        )
-    buffer = value.buffer
-    if buffer.domain is not domain:
-        raise ContractError(
-            f"{what} {value} belongs to another runtime ({buffer.domain.label}); "
-            f"this one is {domain.label}"
-        )
-    buffer.check_alive()
-    # Views check their range when made; this catches a buffer record changed since.
-    if value.offset < 0 or value.nbytes < 1 or value.end > buffer.nbytes:
-        raise ContractError(f"{what} {value} is outside its {buffer.nbytes}-byte buffer or empty")
-    return value
-
-
 def string_map(value: object, what: str) -> dict[str, str]:
     """Compiler defines: a mapping of non-empty names to strings or integers (not bools)."""
     if value is None:
@@ -215,8 +196,3 @@ def string_map(value: object, what: str) -> dict[str, str]:
                 )
             flags[key] = str(number)
     return flags
-
-
-# Last, because memory.py uses the checks above while it is being imported; the views
-# checked here are looked up on the module at call time.
-from . import memory  # noqa: E402

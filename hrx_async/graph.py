@@ -17,7 +17,7 @@ from .contract import Access, KernelContract
 from .errors import ContractError
 from .kernels import GpuKernel, NpuKernel
 from .lanes.lane import Lane
-from .memory import Buffer, Domain, View
+from .memory import Buffer, Domain, View, view_of
 from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
 from .tracker import AccessTracker, merge_intervals
 
@@ -254,7 +254,7 @@ class Graph:
         return index
 
     def _check_view(self, view: object, what: str) -> View:
-        return _validate.view_of(view, self.domain, what)
+        return view_of(view, self.domain, what)
 
     def _check_kernel(
         self,

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from . import _validate
 from .errors import Busy, PoisonedError, RuntimeClosed, Unsupported
 from .graph import GraphPlan, tracked_range
 from .lanes.region import RegionRun
-from .memory import Domain, HostMapping, View
+from .memory import Domain, HostMapping, View, view_of
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -137,7 +136,7 @@ class HostMappings:
         scheduler = self._owner._scheduler_or_raise()
         if self.closing:
             raise RuntimeClosed("the runtime is closing; it maps no more memory")
-        view = _validate.view_of(view, self._owner.domain, "a mapped view")
+        view = view_of(view, self._owner.domain, "a mapped view")
         buffer = view.buffer
         if not buffer.placement.host_mappable:
             raise Unsupported(

@@ -437,3 +437,22 @@ class MemoryBudget:
     @property
     def available_bytes(self) -> int:
         return self.limit - self.reserved_bytes
+
+
+def view_of(value: object, domain: Domain, what: str) -> View:
+    """A view of a live buffer of `domain`, inside that buffer."""
+    if not isinstance(value, View):
+        raise ContractError(
+            f"{what} must be a View (buffer.view() or buffer[a:b]), got {_validate.shown(value)}"
+        )
+    buffer = value.buffer
+    if buffer.domain is not domain:
+        raise ContractError(
+            f"{what} {value} belongs to another runtime ({buffer.domain.label}); "
+            f"this one is {domain.label}"
+        )
+    buffer.check_alive()
+    # Views check their range when made; this catches a buffer record changed since.
+    if value.offset < 0 or value.nbytes < 1 or value.end > buffer.nbytes:
+        raise ContractError(f"{what} {value} is outside its {buffer.nbytes}-byte buffer or empty")
+    return value
