@@ -465,3 +465,27 @@ async def test_whole_write_mapping_cancelled_while_waiting_clears_nothing() -> N
         async with h.map_write() as memory:  # handed out: it overwrites everything
             memory[:] = bytes(N)
         assert h.poison is None
+
+
+async def test_plain_host_function_waits_for_an_async_one_it_follows() -> None:
+    log = Log()
+    async with hrx.Runtime(backend="sim") as rt:
+        buf = rt.allocate(2 * N, hrx.HOST_VISIBLE)
+
+        async def first(a: np.ndarray) -> None:
+            log.mark("first")
+            await anyio.sleep(0.02)
+            a[:] = 1
+            log.mark("first")
+
+        def second(a: np.ndarray, b: np.ndarray) -> None:
+            log.mark("second")
+            b[:] = a
+            log.mark("second")
+
+        g = rt.graph("g")
+        g.host(first, [(buf.view(0, N), hrx.Access.WRITE)])
+        g.host(second, [(buf.view(0, N), hrx.Access.READ), (buf.view(N, N), hrx.Access.WRITE)])
+        await g.prepare().submit()
+        assert log.before("first", "second")
+        assert await read(buf) == bytes([1]) * (2 * N)

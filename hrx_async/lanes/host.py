@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio
+
 from ..backends.base import HostArray, QueueKey
 from ..backends.numpy_ops import ByteArray, StepProgram, compile_region, view_array
 from ..backends.worker import WorkerQueue
 from ..contract import Access
 from ..lanes.lane import Lane
 from ..ops import HostCall, Op
+from .region import RUNNING_HOST_REGION, RegionRun
 
 
 class AsyncHostProgram:
@@ -30,6 +33,24 @@ class AsyncHostProgram:
 
     async def run(self) -> None:
         await self.fn(*self.arrays)
+
+    async def run_region(
+        self, run: RegionRun, finish: Callable[[RegionRun, BaseException | None], None]
+    ) -> None:
+        """Run as the task of region `run`, then `finish` it with the outcome."""
+        token = RUNNING_HOST_REGION.set(run)
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.run()
+        except BaseException as exc:
+            # Every exception settles the region, BaseExceptions included: an escaping one
+            # would end this task with the region, its submission and its awaiters pending.
+            run.apply_failure(exc)
+            finish(run, exc)
+        else:
+            finish(run, None)
+        finally:
+            RUNNING_HOST_REGION.reset(token)
 
 
 class HostExecutor:

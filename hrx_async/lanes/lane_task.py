@@ -24,6 +24,8 @@ class LaneRunner:
         self.wakeup: anyio.Event | None = None
         self.closing = False
         self.busy = False
+        self.current: RegionRun | None = None
+        """The region this lane's task is issuing (it may be waiting for dependencies)."""
 
     def push(self, run: RegionRun) -> None:
         self.items.append(run)
@@ -54,7 +56,9 @@ class LaneRunner:
                     self.wakeup = None
                     continue
                 self.busy = True
+                self.current = items.popleft()
                 try:
-                    await issue(items.popleft())
+                    await issue(self.current)
                 finally:
                     self.busy = False
+                    self.current = None

@@ -174,7 +174,7 @@ class RegionRun:
             return DependencyFailed(f"not run: region {own_failure.plan.index} failed")
         if submission.error is not None or submission.device_error is not None:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
-        if submission.cancelled:
+        if submission.cancelled or submission.scheduler.leaving:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
         found = submission.scheduler.poison_book.find(self.plan.reads)
         if found is not None:

@@ -49,6 +49,7 @@ from .region import (
     DONE,
     FAILED,
     ISSUED,
+    QUEUED,
     RUNNING_HOST_REGION,
     SKIPPED,
     RegionRun,
@@ -94,6 +95,8 @@ class Scheduler:
         self.trace: TraceRecorder | None = None
         self.trace_origin = 0.0
         self.lost: BaseException | None = None
+        self.leaving = False
+        """Set when the runtime is left by an exception: every region not started skips."""
         self.closed = False
         self.loop_thread = threading.get_ident()
         self.asyncio_loop: asyncio.AbstractEventLoop | None
@@ -280,7 +283,7 @@ class Scheduler:
             lane.push(run)
 
     @staticmethod
-    def _device_waits(run: RegionRun) -> list[Fence] | None:
+    def _device_waits(run: RegionRun, any_submission: bool = False) -> list[Fence] | None:
         """The fences `run` can wait for on the device, when that is all it waits for:
         every dependency finished, or is an earlier region of its own submission issued
         to the same backend. None when something needs a wait on the host, or on another
@@ -298,7 +301,7 @@ class Scheduler:
                 state != ISSUED
                 or fence is None
                 or dep.provider is not provider
-                or dep.submission is not run.submission
+                or (dep.submission is not run.submission and not any_submission)
             ):
                 return None
             if dep.outcome is not None:
@@ -336,12 +339,18 @@ class Scheduler:
         for dep in run.deps:
             if dep.finished:
                 continue
-            if dep.provider is run.provider and not on_host:
+            if (
+                dep.provider is run.provider
+                and not on_host
+                and not isinstance(dep.program, AsyncHostProgram)  # it has no fence
+            ):
                 await dep.wait_issued()
                 if dep.fence is not None and not dep.finished:
                     waits.append(dep.fence)
             else:
                 await dep.wait_finished()
+        if run.state != QUEUED or run.outcome is not None:
+            return  # issued meanwhile along with an earlier region of its submission
         if self.lost is not None:
             self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
             return
@@ -355,6 +364,37 @@ class Scheduler:
             self._start_host(run, program)
             return
         self._launch(run, waits)
+        self._issue_followers(run)
+
+    def _issue_followers(self, run: RegionRun) -> None:
+        """`run` was just issued by its lane: issue the later regions of its submission
+        that were only waiting for that, as their lanes would one loop iteration later.
+
+        A region qualifies when it is next on its lane (queued first on an idle lane, or
+        the one its lane's task waits on) and everything it follows is finished or
+        issued to the same backend. Cancelling could have skipped it until this moment,
+        exactly as on the lane.
+        """
+        submission = run.submission
+        if submission.after or self.lost is not None or run.fence is None:
+            return
+        for later in submission.runs[run.plan.index + 1 :]:
+            if later.state != QUEUED or later.outcome is not None:
+                continue
+            lane = self.lanes[later.key]
+            queued = lane.current is not later
+            if queued and (lane.busy or not lane.items or lane.items[0] is not later):
+                continue
+            waits = self._device_waits(later, any_submission=True)
+            if waits is None:
+                continue
+            if queued:
+                lane.items.popleft()
+            refusal = later.refusal()
+            if refusal is not None:
+                self._refused(later, refusal)
+            else:
+                self._launch(later, waits)
 
     def _refused(self, run: RegionRun, refusal: BaseException) -> None:
         if isinstance(refusal, Cancelled) and run.submission.error is None:
@@ -401,22 +441,7 @@ class Scheduler:
         """
         run.state = ISSUED
         run.started_at = time.perf_counter()
-        self.task_group.start_soon(self._run_host, run, program)
-
-    async def _run_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
-        token = RUNNING_HOST_REGION.set(run)
-        try:
-            with anyio.CancelScope(shield=True):
-                await program.run()
-        except BaseException as exc:
-            # Every exception settles the region, BaseExceptions included: an escaping one
-            # would end this task with the region, its submission and its awaiters pending.
-            run.apply_failure(exc)
-            self.finish(run, exc)
-        else:
-            self.finish(run, None)
-        finally:
-            RUNNING_HOST_REGION.reset(token)
+        self.task_group.start_soon(program.run_region, run, self.finish)
 
     # -- completion ------------------------------------------------------------
 
@@ -582,6 +607,8 @@ class Scheduler:
                 self.finish(run, error)
 
     def cancel_all(self) -> None:
+        """Leaving by an exception: nothing that has not started will start."""
+        self.leaving = True
         for lane in self.lanes.values():
             for run in lane.items:
                 run.submission.cancelled = True
