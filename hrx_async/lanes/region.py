@@ -162,14 +162,13 @@ class RegionRun:
         own_failure: RegionRun | None = None
         for dep in deps:
             fence = dep.fence
-            if fence is not None and fence.query():
-                error = fence.error()
-                if error is not None:
+            # A fence's error is set once it has finished: no need to ask the device.
+            error = fence.error() if fence is not None else dep.error
+            if error is not None:
+                if fence is not None:
                     dep.apply_failure(error)
-                    if dep.submission is submission:
-                        own_failure = dep
-            elif dep.submission is submission and dep.error is not None:
-                own_failure = dep
+                if dep.submission is submission:
+                    own_failure = dep
         if own_failure is not None:
             return DependencyFailed(f"not run: region {own_failure.plan.index} failed")
         if submission.error is not None or submission.device_error is not None:
