@@ -489,3 +489,24 @@ async def test_plain_host_function_waits_for_an_async_one_it_follows() -> None:
         await g.prepare().submit()
         assert log.before("first", "second")
         assert await read(buf) == bytes([1]) * (2 * N)
+
+
+async def test_cancelled_waiting_submissions_do_not_hold_admission_places() -> None:
+    async with hrx.Runtime(backend="sim", max_submissions=1) as rt:
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+
+        def fill_graph(value: int) -> hrx.PreparedGraph:
+            g = rt.graph(f"fill{value}")
+            g.fill(h.view(), value)
+            return g.prepare()
+
+        first = fill_graph(1).submit()
+        second = fill_graph(2).submit()  # waits for admission
+        third = fill_graph(3).submit()  # waits too; follows `second` (same bytes)
+        third.cancel()  # settles after `second`, which still needs a place
+        with anyio.fail_after(10):
+            await first
+            await second
+            with pytest.raises(Cancelled):
+                await third
+        assert await read(h) == bytes([2]) * N

@@ -207,6 +207,7 @@ class Submission:
     """One `submit()` of a prepared graph."""
 
     __slots__ = (
+        "admitted",
         "after",
         "cancelled",
         "completion",
@@ -223,6 +224,8 @@ class Submission:
         self.scheduler = scheduler
         self.label = label
         self.after = after
+        self.admitted = False
+        """It took one of the `max_submissions` places (it was not cancelled while waiting)."""
         self.cancelled = False
         self.error: BaseException | None = None
         self.device_error: BaseException | None = None

@@ -256,6 +256,7 @@ class Scheduler:
         """Issue what can go now and queue the rest on its lanes. `first` is the first
         region's fence (or launch failure) when `_launch_first` already launched it."""
         self.in_flight += 1
+        submission.admitted = True
         lanes = self.lanes
         direct = not submission.after and self.lost is None
         runs = submission.runs
@@ -310,10 +311,11 @@ class Scheduler:
         return waits
 
     def cancel_waiting(self, submission: Submission) -> None:
-        """A cancelled submission still waiting for admission finishes at once."""
+        """A cancelled submission still waiting for admission leaves the queue; it finishes
+        once what it follows has (it never takes one of the `max_submissions` places, which
+        the submissions it follows may still be waiting for)."""
         if submission in self.waiting:
             self.waiting.remove(submission)
-            self.in_flight += 1  # balanced by _finish_submission
             for run in submission.runs:
                 self.finish(run, None, skipped=True)
 
@@ -584,7 +586,8 @@ class Scheduler:
         submission.runs = []
         self.counters.completions += 1
         submission.completion._resolve(error)
-        self.in_flight -= 1
+        if submission.admitted:
+            self.in_flight -= 1
         self.live -= 1
         waiting = self.waiting
         while waiting and self.in_flight < self.max_submissions:
@@ -602,7 +605,6 @@ class Scheduler:
                 self.finish(lane.items.popleft(), error)
         while self.waiting:
             submission = self.waiting.popleft()
-            self.in_flight += 1
             for run in submission.runs:
                 self.finish(run, error)
 
