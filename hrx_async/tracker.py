@@ -14,16 +14,37 @@ A user never depends on itself. Users that completed are removed with `forget`, 
 nothing can depend on them any more.
 
 Per allocation the state is a sorted list of non-overlapping segments, each holding a last
-writer (or None) and a frozenset of readers. Bytes never accessed, or whose users were all
+writer (or None) and the readers since it. Bytes never accessed, or whose users were all
 forgotten, are simply not covered by a segment, and touching neighbours with equal state are
 always merged: the same access pattern replayed forever (with completed users forgotten)
 therefore keeps the structure at a constant size, and the common replay case (an access
-exactly covering one existing segment) is a bisect plus a tuple replacement.
+exactly covering one existing segment) is a bisect plus at most a tuple replacement.
+
+Readers are kept in *reader groups*: sets with an identity, each counting the segments that
+refer to it; a segment's readers are the union of a short tuple of disjoint groups. Many
+pending users reading the same bytes is the common case at run time (inputs that nothing
+writes), so neither admitting a reader nor forgetting one copies the others:
+
+* a read adds its user in place to a group that only this segment refers to; when all of the
+  segment's groups are shared (a split left several pieces referring to them) it adds a new
+  group ``{user}`` instead, so splitting a segment does not copy its readers either;
+* `forget` removes the user from the groups of the segments inside the ranges it recorded,
+  which is right for every segment sharing such a group (all of them hold that user), and
+  drops the groups it empties from those segments in the same pass;
+* neighbours are compared by their *set* of readers, whatever groups hold them: sizes and a
+  hash fingerprint kept per group tell unequal sets apart at once, groups both sides share
+  are skipped, and a merged segment folds the groups only it refers to into one.
+
+A WRITE returns every reader since the last writer, which is O(readers), but that is paid
+once, by the write that ends that reader set. Everything else costs O(segments touched),
+plus, when two segments turn out equal and merge, the readers they do not share: compared
+once, then folded together.
 
 This runs for every graph node at prepare time and every region at submit time, so it is
-written for speed: parallel lists (segment starts for `bisect`, and ``(end, writer, readers)``
-tuples), no per-call objects beyond the result set and the few replaced tuples, and a
-user -> allocations index so that `forget` only visits what that user touched.
+written for speed: parallel lists (segment starts for `bisect`, and ``(end, writer, groups)``
+tuples), no per-call objects beyond the result set, one index entry and the few replaced
+tuples, and a user -> recorded ranges index so that `forget` only visits the segments that
+user may still appear in.
 """
 
 from __future__ import annotations
@@ -36,26 +57,192 @@ from hrx_async.errors import ContractError
 
 U = TypeVar("U", bound=Hashable)
 
-# One shared empty reader set: writes reset readers to it, and identity makes the common
-# "no readers" equality check instant.
+# What `segments` reports for a segment without readers.
 _NO_READERS: frozenset[Any] = frozenset()
 
 
+class _Group(Generic[U]):
+    """Readers shared by the segments that refer to it.
+
+    `refs` counts those segments. A group only one segment refers to may grow in place when
+    that segment is read again; a shared one never grows (the reader would leak into the
+    other segments), but `forget` removes users from it, which is right for all of them.
+    `fp` is the XOR of the members' hashes, kept current so that reader sets of equal size
+    are told apart without comparing their members.
+
+    No ``__init__``: the hot paths set the three fields inline, `_group` elsewhere.
+    """
+
+    __slots__ = ("fp", "members", "refs")
+    members: set[U]
+    refs: int
+    fp: int
+
+
+# A segment's readers: disjoint, non-empty groups (empty groups exist only in the middle of
+# a `forget`, which drops them), () when there are none.
+_Readers = tuple[_Group[U], ...]
+_Segment = tuple[int, U | None, _Readers[U]]  # (end, writer, readers)
+_Piece = tuple[int, int, U | None, _Readers[U]]  # (start, end, writer, readers)
+
+
+def _group(user: U, refs: int) -> _Group[U]:
+    group: _Group[U] = _Group()
+    group.members = {user}
+    group.refs = refs
+    group.fp = hash(user)
+    return group
+
+
+def _holds(readers: _Readers[U], user: U) -> bool:
+    for group in readers:  # noqa: SIM110 - a plain loop: no generator on this path
+        if user in group.members:
+            return True
+    return False
+
+
+def _refers(readers: _Readers[U], group: _Group[U]) -> bool:
+    return any(g is group for g in readers)
+
+
+def _same_readers(a: _Readers[U], b: _Readers[U]) -> bool:
+    """Whether two segments' groups hold the same set of users."""
+    if a is b:
+        return True
+    if len(a) == 1 and len(b) == 1:
+        x = a[0]
+        y = b[0]
+        return x is y or (
+            x.fp == y.fp and len(x.members) == len(y.members) and x.members == y.members
+        )
+    size = 0
+    fp = 0
+    for g in a:
+        size += len(g.members)
+        fp ^= g.fp
+    for g in b:
+        size -= len(g.members)
+        fp ^= g.fp
+    if size or fp:
+        return False
+    # Same size (the groups of a segment are disjoint): equal when every member of a group
+    # of `a` that `b` does not refer to is in one of the groups only `b` refers to.
+    only_b = [g.members for g in b if not _refers(a, g)]
+    for g in a:
+        if _refers(b, g):
+            continue
+        for user in g.members:
+            for members in only_b:
+                if user in members:
+                    break
+            else:
+                return False
+    return True
+
+
+def _compact(readers: _Readers[U]) -> _Readers[U]:
+    """The same readers with the groups only this segment refers to folded into one."""
+    own: _Group[U] | None = None
+    kept: list[_Group[U]] = []
+    folded = False
+    for g in readers:
+        if g.refs != 1:
+            kept.append(g)
+        elif own is None:
+            own = g
+        else:
+            folded = True
+            if len(g.members) > len(own.members):
+                own, g = g, own
+            own.members |= g.members  # the smaller one into the larger one
+            own.fp ^= g.fp
+            g.refs = 0
+    if not folded or own is None:
+        return readers
+    kept.append(own)
+    return tuple(kept)
+
+
+def _join(rest: list[_Segment[U]], k: int, user: U) -> bool:
+    """Add `user` to the readers of segment `k`, read as a whole; False if it was one."""
+    e, w, r = rest[k]
+    if not r:
+        rest[k] = (e, w, (_group(user, 1),))
+        return True
+    for g in r:
+        if user in g.members:
+            return False
+    for g in r:
+        if g.refs == 1:
+            g.members.add(user)
+            g.fp ^= hash(user)
+            return True
+    rest[k] = (e, w, (*r, _group(user, 1)))
+    return True
+
+
+def _with_reader(readers: _Readers[U], user: U, whole: bool) -> _Readers[U]:
+    """`readers` plus `user`, for a segment the read covers (`whole`) or a piece of one.
+
+    Grows a group in place only when it is the segment's own and the segment is not split;
+    otherwise adds a new group (refs 0: `_splice` counts the segments that keep it).
+    """
+    for g in readers:
+        if user in g.members:
+            return readers
+    if whole:
+        for g in readers:
+            if g.refs == 1:
+                g.members.add(user)
+                g.fp ^= hash(user)
+                return readers
+    return (*readers, _group(user, 0))
+
+
+def _without(readers: _Readers[U], user: U) -> _Readers[U] | None:
+    """Remove `user` from the groups; the groups left non-empty, or None if nothing changed."""
+    changed = False
+    emptied = False
+    for g in readers:
+        members = g.members
+        if user in members:
+            members.discard(user)
+            g.fp ^= hash(user)
+            changed = True
+            if not members:
+                emptied = True
+        elif not members:  # emptied earlier in the same `forget`, through another segment
+            emptied = True
+    if emptied:
+        return tuple([g for g in readers if g.members])
+    return readers if changed else None
+
+
+def _frozen(readers: _Readers[U]) -> frozenset[U]:
+    if not readers:
+        return _NO_READERS
+    if len(readers) == 1:
+        return frozenset(readers[0].members)
+    return frozenset().union(*(g.members for g in readers))
+
+
 class _Allocation(Generic[U]):
-    """The segments of one allocation, plus the users that may appear in them."""
+    """The segments of one allocation."""
 
-    __slots__ = ("rest", "starts", "touched")
+    __slots__ = ("key", "pending", "rest", "starts")
 
-    def __init__(self) -> None:
+    def __init__(self, key: Hashable, start: int, segment: _Segment[U]) -> None:
+        """An allocation with its first segment, recorded by one index entry."""
+        self.key = key
+        # Index entries naming this allocation that `forget` has not processed yet. Once
+        # none is left every user that recorded an access here was forgotten, and the
+        # allocation leaves the tracker; it is set to 0 when the allocation leaves for
+        # another reason, so that entries still naming it are skipped.
+        self.pending = 1
         # Kept apart from `rest` so `bisect` works on plain ints (no key function calls).
-        self.starts: list[int] = []
+        self.starts = [start]
         # (end, writer, readers) of the segment starting at the same index in `starts`.
-        self.rest: list[tuple[int, U | None, frozenset[U]]] = []
-        # Every user that recorded an access here and was not forgotten since. A superset of
-        # the users still present (later writes may have overwritten some), which is all the
-        # index needs: it lets `drop_allocation` and the removal of an emptied allocation
-        # clean the user -> allocations index without scanning it.
-        self.touched: set[U] = set()
+        self.rest = [segment]
 
 
 def _check_range(start: int, end: int) -> None:
@@ -63,21 +250,64 @@ def _check_range(start: int, end: int) -> None:
         raise ContractError(f"byte range [{start}, {end}) is invalid: need 0 <= start < end")
 
 
-def _normalise(
-    pieces: list[tuple[int, int, U | None, frozenset[U]]],
-) -> tuple[list[int], list[tuple[int, U | None, frozenset[U]]]]:
-    """Split sorted pieces into starts and (end, writer, readers), merging equal neighbours."""
-    starts: list[int] = []
-    rest: list[tuple[int, U | None, frozenset[U]]] = []
+def _splice(alloc: _Allocation[U], lo: int, hi: int, pieces: list[_Piece[U]]) -> None:
+    """Replace segments ``[lo, hi)`` by sorted `pieces`, merging equal neighbours.
+
+    Pieces without a writer or readers are left out. Group reference counts move from the
+    replaced segments to the resulting ones.
+    """
+    rest = alloc.rest
+    for k in range(lo, hi):
+        for g in rest[k][2]:
+            g.refs -= 1
+    new_starts: list[int] = []
+    new_rest: list[_Segment[U]] = []
     for s, e, w, r in pieces:
-        if rest:
-            prev_end, prev_w, prev_r = rest[-1]
-            if prev_end == s and prev_w == w and prev_r == r:
-                rest[-1] = (e, w, r)
+        if w is None and not r:
+            continue
+        if new_rest:
+            prev_end, prev_w, prev_r = new_rest[-1]
+            if prev_end == s and prev_w == w and _same_readers(prev_r, r):
+                new_rest[-1] = (e, prev_w, prev_r)
                 continue
-        starts.append(s)
-        rest.append((e, w, r))
-    return starts, rest
+        new_starts.append(s)
+        new_rest.append((e, w, r))
+    for _, _, r in new_rest:
+        for g in r:
+            g.refs += 1
+    for k, (e, w, r) in enumerate(new_rest):
+        if len(r) > 1:
+            folded = _compact(r)
+            if folded is not r:
+                new_rest[k] = (e, w, folded)
+    alloc.starts[lo:hi] = new_starts
+    rest[lo:hi] = new_rest
+
+
+def _merge_after(alloc: _Allocation[U], k: int) -> None:
+    """Merge segment ``k + 1`` into segment `k` if they touch and have equal state."""
+    starts = alloc.starts
+    rest = alloc.rest
+    end, w, r = rest[k]
+    if starts[k + 1] != end:
+        return
+    n_end, n_w, n_r = rest[k + 1]
+    if n_w == w and _same_readers(r, n_r):
+        for g in n_r:
+            g.refs -= 1
+        if len(r) > 1:
+            r = _compact(r)
+        rest[k] = (n_end, w, r)
+        del starts[k + 1]
+        del rest[k + 1]
+
+
+def _merge_around(alloc: _Allocation[U], i: int) -> None:
+    """Merge segment `i` with touching neighbours of equal state (after it changed)."""
+    if i + 1 < len(alloc.starts):
+        _merge_after(alloc, i)
+    if i > 0:
+        _merge_after(alloc, i - 1)
 
 
 class AccessTracker(Generic[U]):
@@ -92,8 +322,9 @@ class AccessTracker(Generic[U]):
 
     def __init__(self) -> None:
         self._allocs: dict[Hashable, _Allocation[U]] = {}
-        # user -> allocations it recorded accesses on (and was not forgotten from since).
-        self._index: dict[U, set[Hashable]] = {}
+        # user -> (allocation, start, end) of each access it recorded since it was last
+        # forgotten: every segment the user can still appear in overlaps one of them.
+        self._index: dict[U, list[tuple[_Allocation[U], int, int]]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -106,11 +337,16 @@ class AccessTracker(Generic[U]):
         return allocation not in self._allocs
 
     def segments(self, allocation: Hashable) -> list[tuple[int, int, U | None, frozenset[U]]]:
-        """The ``(start, end, writer, readers)`` segments of `allocation`, sorted by start."""
+        """The ``(start, end, writer, readers)`` segments of `allocation`, sorted by start.
+
+        Copies every reader set: meant for tests, debugging and assertions, not hot paths.
+        """
         alloc = self._allocs.get(allocation)
         if alloc is None:
             return []
-        return [(s, e, w, r) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)]
+        return [
+            (s, e, w, _frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)
+        ]
 
     def users(self) -> set[U]:
         """The users still referenced by some segment (as writer or reader).
@@ -122,7 +358,8 @@ class AccessTracker(Generic[U]):
             for _, w, r in alloc.rest:
                 if w is not None:
                     found.add(w)
-                found.update(r)
+                for g in r:
+                    found.update(g.members)
         return found
 
     def dependencies(self, allocation: Hashable, start: int, end: int, writes: bool) -> set[U]:
@@ -146,8 +383,9 @@ class AccessTracker(Generic[U]):
             _, w, r = rest[k]
             if w is not None:
                 deps.add(w)
-            if writes and r:
-                deps.update(r)
+            if writes:
+                for g in r:
+                    deps.update(g.members)
         return deps
 
     # -- updates ---------------------------------------------------------------------------
@@ -158,56 +396,124 @@ class AccessTracker(Generic[U]):
         Returns the users this access must wait for (never `user` itself). Raises
         `ContractError`, changing nothing, unless ``0 <= start < end``.
         """
-        _check_range(start, end)
+        if start < 0 or end <= start:
+            _check_range(start, end)
         alloc = self._allocs.get(allocation)
         if alloc is None:
-            alloc = _Allocation()
+            # Nothing pending on this allocation (the common case once earlier work is
+            # forgotten): the access is the only segment and depends on nobody.
+            if writes:
+                alloc = _Allocation(allocation, start, (end, user, ()))
+            else:
+                g: _Group[U] = _Group()
+                g.members = {user}
+                g.refs = 1
+                g.fp = hash(user)
+                alloc = _Allocation(allocation, start, (end, None, (g,)))
             self._allocs[allocation] = alloc
+            entry = (alloc, start, end)
+            ranges = self._index.get(user)
+            if ranges is None:
+                self._index[user] = [entry]
+            else:
+                ranges.append(entry)
+            return set()
         # The index is updated before the segments, but nothing below can raise (barring
-        # a user whose __eq__ raises), so there is no partial state to undo.
-        alloc.touched.add(user)
-        idx = self._index.get(user)
-        if idx is None:
-            self._index[user] = {allocation}
+        # a user whose __eq__ or __hash__ raises), so there is no partial state to undo.
+        alloc.pending += 1
+        entry = (alloc, start, end)
+        ranges = self._index.get(user)
+        if ranges is None:
+            self._index[user] = [entry]
         else:
-            idx.add(allocation)
+            ranges.append(entry)
 
         starts = alloc.starts
         rest = alloc.rest
-        if not starts:
-            # Nothing pending on this allocation (the common case once earlier work is
-            # forgotten): the access is the only segment and depends on nobody.
-            starts.append(start)
-            rest.append((end, user, _NO_READERS) if writes else (end, None, frozenset((user,))))
-            return set()
         i = bisect_right(starts, start) - 1
-        if i < 0 or rest[i][0] <= start:
-            i += 1
-        j = bisect_left(starts, end, i)
         deps: set[U] = set()
-
-        if j == i + 1 and starts[i] == start and rest[i][0] == end:
+        seg_end, w, r = rest[i]  # (the last segment when i is -1: starts[-1] > start then)
+        if starts[i] == start and seg_end == end:
             # Replay fast path: the access covers exactly one existing segment.
-            _, w, r = rest[i]
             if w is not None:
                 deps.add(w)
             if writes:
                 if r:
-                    deps.update(r)
-                if w == user and not r:
+                    for g in r:
+                        deps.update(g.members)
+                        g.refs -= 1
+                elif w == user:
                     deps.discard(user)
                     return deps
-                rest[i] = (end, user, _NO_READERS)
-            else:
-                if user in r:
+                deps.discard(user)
+                # Touching neighbours merge when written by the same user and not read since.
+                if i + 1 < len(starts) and starts[i + 1] == end:
+                    n_end, n_w, n_r = rest[i + 1]
+                    if n_w == user and not n_r:
+                        end = n_end
+                        del starts[i + 1]
+                        del rest[i + 1]
+                if i and rest[i - 1][0] == start:
+                    _, p_w, p_r = rest[i - 1]
+                    if p_w == user and not p_r:
+                        rest[i - 1] = (end, user, ())
+                        del starts[i]
+                        del rest[i]
+                        return deps
+                rest[i] = (end, user, ())
+                return deps
+            if not r:
+                g = _Group()
+                g.members = {user}
+                g.refs = 1
+                g.fp = hash(user)
+                rest[i] = (end, w, (g,))
+            elif len(r) == 1:
+                g = r[0]
+                members = g.members
+                if user in members:
                     deps.discard(user)
                     return deps
-                rest[i] = (end, w, r | {user})
+                if g.refs == 1:
+                    members.add(user)  # the segment's own group: joined in place
+                    g.fp ^= hash(user)
+                else:
+                    rest[i] = (end, w, (g, _group(user, 1)))
+            elif not _join(rest, i, user):
+                deps.discard(user)
+                return deps
             deps.discard(user)
-            self._merge_around(alloc, i)
+            if (i + 1 < len(starts) and starts[i + 1] == end) or (i and rest[i - 1][0] == start):
+                _merge_around(alloc, i)
             return deps
 
-        pieces: list[tuple[int, int, U | None, frozenset[U]]] = []
+        if i < 0 or seg_end <= start:
+            i += 1
+        j = bisect_left(starts, end, i)
+        if not writes and j > i + 1 and starts[i] == start and rest[j - 1][0] == end:
+            for k in range(i, j - 1):
+                if rest[k][0] != starts[k + 1]:
+                    break  # a gap: bytes nobody touched yet
+            else:
+                # The read covers whole segments without gaps: each is joined as above, and
+                # pairs (k, k + 1) are checked from the right, so that merging one leaves
+                # the next in place.
+                changed = False
+                for k in range(i, j):
+                    w = rest[k][1]
+                    if w is not None:
+                        deps.add(w)
+                    if _join(rest, k, user):
+                        changed = True
+                deps.discard(user)
+                if changed:
+                    k = j - 1 if j < len(starts) else j - 2
+                    while k >= i - 1 and k >= 0:
+                        _merge_after(alloc, k)
+                        k -= 1
+                return deps
+
+        pieces: list[_Piece[U]] = []
         lo = i
         hi = j
         # Pull in touching neighbours so the new pieces can merge with them.
@@ -226,136 +532,195 @@ class AccessTracker(Generic[U]):
                 _, w, r = rest[k]
                 if w is not None:
                     deps.add(w)
-                if r:
-                    deps.update(r)
-            pieces.append((start, end, user, _NO_READERS))
+                for g in r:
+                    deps.update(g.members)
+            pieces.append((start, end, user, ()))
             if i < j:
                 last_end, w, r = rest[j - 1]
                 if last_end > end:
                     pieces.append((end, last_end, w, r))
-            tail = pieces[-1][1]
         else:
-            alone: frozenset[U] = frozenset((user,))
             pos = start
             for k in range(i, j):
                 s_k = starts[k]
                 e_k, w, r = rest[k]
                 if s_k > pos:
-                    pieces.append((pos, s_k, None, alone))  # bytes nobody touched yet
+                    pieces.append((pos, s_k, None, (_group(user, 0),)))  # bytes nobody touched
                 if w is not None:
                     deps.add(w)
+                whole = s_k >= start and e_k <= end
                 seg_e = e_k if e_k < end else end
-                pieces.append((s_k if s_k > start else start, seg_e, w, r | alone))
+                pieces.append(
+                    (s_k if s_k > start else start, seg_e, w, _with_reader(r, user, whole))
+                )
                 if e_k > end:
                     pieces.append((end, e_k, w, r))
                 pos = seg_e
             if pos < end:
-                pieces.append((pos, end, None, alone))
-            tail = pieces[-1][1]
+                pieces.append((pos, end, None, (_group(user, 0),)))
 
+        tail = pieces[-1][1]
         if hi < len(starts) and starts[hi] == tail:
             e0, w0, r0 = rest[hi]
             pieces.append((tail, e0, w0, r0))
             hi += 1
-        new_starts, new_rest = _normalise(pieces)
-        starts[lo:hi] = new_starts
-        rest[lo:hi] = new_rest
+        _splice(alloc, lo, hi, pieces)
         deps.discard(user)
         return deps
 
     def forget(self, user: U) -> None:
         """Retire `user` (it completed): nothing will depend on it any more.
 
-        Visits only the allocations `user` recorded accesses on. Segments left without a
-        writer or readers are dropped, and so are allocations left without segments.
+        Visits only the segments inside the ranges `user` recorded. Segments left without
+        a writer or readers are dropped, and so are allocations left without segments.
         Forgetting an unknown user does nothing.
         """
-        keys = self._index.pop(user, None)
-        if keys is None:
+        ranges = self._index.pop(user, None)
+        if ranges is None:
             return
-        allocs = self._allocs
-        for key in keys:
-            alloc = allocs[key]
-            touched = alloc.touched
-            touched.discard(user)
-            if not touched:
-                # Nobody else may appear here (touched is a superset of the users present):
-                # the allocation empties, as after every replay whose work completed.
-                del allocs[key]
-                continue
-            rest = alloc.rest
-            # Find the first segment `user` still appears in; everything before it (bar its
-            # left neighbour, which may merge) stays as it is.
-            first = 0
-            for _, w, r in rest:
-                if w == user or user in r:
-                    break
-                first += 1
-            else:
-                continue  # overwritten everywhere here by later writers
+        # Every segment the user is in overlaps one of its ranges, and all of them are
+        # visited. Leaving a group only one segment refers to changes that segment alone,
+        # checked for merging right away; but leaving a shared group changes the other
+        # segments that refer to it too, before their visit, so from then on every visited
+        # segment is checked whether or not its own visit changed it.
+        shared = False
+        for alloc, start, end in ranges:
+            pending = alloc.pending
+            if pending <= 1:
+                if pending:
+                    # The last entry: whatever is left is this user's own. Once earlier work
+                    # is forgotten this is the common case.
+                    alloc.pending = 0
+                    del self._allocs[alloc.key]
+                continue  # or the allocation left the tracker already
+            alloc.pending = pending - 1
             starts = alloc.starts
-            lo = first - 1 if first else 0
-            new_starts: list[int] = []
-            new_rest: list[tuple[int, U | None, frozenset[U]]] = []
-            for k in range(lo, len(rest)):
-                seg = rest[k]
-                e, w, r = seg
-                if w == user:
-                    w = None
-                if user in r:
-                    r = r - {user}
-                if w is None and not r:
+            rest = alloc.rest
+            i = bisect_right(starts, start) - 1
+            seg_end, w, r = rest[i]  # (the last segment when i is -1)
+            if i < 0 or seg_end < end:
+                # Not within the segment the range starts in (the common case is).
+                if i < 0 or seg_end <= start:
+                    i += 1
+                j = bisect_left(starts, end, i)
+                if j > i + 1:
+                    shared = self._forget_segments(alloc, i, j, user, shared)
                     continue
-                s = starts[k]
-                if new_rest:
-                    prev_end, prev_w, prev_r = new_rest[-1]
-                    if prev_end == s and prev_w == w and prev_r == r:
-                        new_rest[-1] = (e, w, r)
+                if j == i:
+                    continue
+                seg_end, w, r = rest[i]
+            # One segment (the replay case): change it in place.
+            new_r: _Readers[U]
+            if len(r) == 1:
+                g = r[0]
+                members = g.members
+                if user in members:
+                    members.discard(user)
+                    g.fp ^= hash(user)
+                    if g.refs > 1:
+                        shared = True
+                    new_r = r if members else ()
+                elif not members:
+                    new_r = ()  # emptied through another segment
+                elif shared or w == user:
+                    new_r = r
+                else:
+                    continue  # not here: overwritten by later writers
+            elif r:
+                dropped = _without(r, user)
+                if dropped is None:
+                    if not shared and w != user:
                         continue
-                new_starts.append(s)
-                # Keep the original tuple when nothing changed: no new object per segment.
-                new_rest.append(seg if seg[1] is w and seg[2] is r else (e, w, r))
-            if new_starts or lo:
-                starts[lo:] = new_starts
-                rest[lo:] = new_rest
+                    new_r = r
+                else:
+                    new_r = dropped
+                    if not shared:
+                        for g in r:
+                            if g.refs > 1:
+                                shared = True
+                                break
+            elif shared or w == user:
+                new_r = r
             else:
-                self._remove(key, alloc)
+                continue
+            new_w = None if w == user else w
+            if new_w is None and not new_r:
+                # Its groups are all empty: no other segment refers to them any more.
+                del starts[i]
+                del rest[i]
+                if not starts:
+                    self._remove(alloc)
+                continue
+            if new_w is not w or new_r is not r:
+                rest[i] = (seg_end, new_w, new_r)
+            _merge_around(alloc, i)  # changed, or perhaps changed through a shared group
 
     def drop_allocation(self, allocation: Hashable) -> None:
         """Forget everything about a freed allocation. Unknown allocations are ignored."""
         alloc = self._allocs.get(allocation)
         if alloc is not None:
-            self._remove(allocation, alloc)
+            self._remove(alloc)
 
     # -- internals -------------------------------------------------------------------------
 
-    def _remove(self, key: Hashable, alloc: _Allocation[U]) -> None:
-        del self._allocs[key]
-        index = self._index
-        for u in alloc.touched:
-            keys = index[u]
-            keys.discard(key)
-            if not keys:
-                del index[u]
+    def _forget_segments(
+        self, alloc: _Allocation[U], i: int, j: int, user: U, shared: bool
+    ) -> bool:
+        """`forget` for segments ``[i, j)`` of `alloc`; returns `shared` as updated.
 
-    @staticmethod
-    def _merge_around(alloc: _Allocation[U], i: int) -> None:
-        """Merge segment `i` with touching neighbours of equal state (after it changed)."""
+        Right to left, so that deleting or merging a segment leaves the indices still to
+        visit in place; a pair of neighbours is checked for merging when either changed.
+        """
         starts = alloc.starts
         rest = alloc.rest
-        end, w, r = rest[i]
-        if i + 1 < len(starts) and starts[i + 1] == end:
-            n_end, n_w, n_r = rest[i + 1]
-            if n_w == w and n_r == r:
-                rest[i] = (n_end, w, r)
-                del starts[i + 1]
-                del rest[i + 1]
-        if i > 0:
-            p_end, p_w, p_r = rest[i - 1]
-            if p_end == starts[i] and p_w == w and p_r == r:
-                rest[i - 1] = rest[i]
-                del starts[i]
-                del rest[i]
+        if not shared:
+            for k in range(i, j):
+                _, w, r = rest[k]
+                if w == user or _holds(r, user):
+                    break
+            else:
+                return False  # not in any of them, and nothing else changed
+        right_changed = shared
+        for k in range(j - 1, i - 1, -1):
+            seg_end, w, r = rest[k]
+            changed = shared
+            if w == user:
+                w = None
+                changed = True
+            new_r = r
+            if r:
+                dropped = _without(r, user)
+                if dropped is not None:
+                    changed = True
+                    new_r = dropped
+                    if not shared:
+                        for g in r:
+                            if g.refs > 1:
+                                shared = True
+                                break
+            if w is None and not new_r:
+                del starts[k]
+                del rest[k]
+                right_changed = False  # a gap now: nothing to merge across it
+                continue
+            if w is not rest[k][1] or new_r is not r:
+                rest[k] = (seg_end, w, new_r)
+            if (changed or right_changed) and k + 1 < len(starts):
+                _merge_after(alloc, k)
+            right_changed = changed
+        if not starts:
+            self._remove(alloc)
+        elif right_changed and 0 < i < len(starts):
+            _merge_after(alloc, i - 1)
+        return shared
+
+    def _remove(self, alloc: _Allocation[U]) -> None:
+        # Index entries still naming it are skipped by `forget` (pending 0), rather than
+        # searched for now among the entries of every user that touched it.
+        del self._allocs[alloc.key]
+        alloc.pending = 0
+        alloc.starts.clear()
+        alloc.rest.clear()
 
 
 def merge_intervals(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

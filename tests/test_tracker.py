@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import statistics
+import tracemalloc
+from collections.abc import Callable, Hashable
 from itertools import pairwise
 
 import pytest
@@ -28,6 +30,28 @@ def check_shape(segs: Segments) -> None:
     for (_, e0, w0, r0), (s1, _, w1, r1) in pairwise(segs):
         assert e0 <= s1, f"unsorted or overlapping: {segs}"
         assert not (e0 == s1 and w0 == w1 and r0 == r1), f"unmerged neighbours: {segs}"
+
+
+def check_groups(tracker: AccessTracker[int]) -> None:
+    """The reader groups behind the segments: counted, fingerprinted, disjoint, non-empty."""
+    refs: dict[int, int] = {}
+    groups = {}
+    for alloc in tracker._allocs.values():
+        assert alloc.starts, "an allocation without segments is kept"
+        for _, _, readers in alloc.rest:
+            seen: set[int] = set()
+            for group in readers:
+                assert group.members, "empty reader group"
+                assert not seen & group.members, "a segment's groups overlap"
+                seen |= group.members
+                fp = 0
+                for u in group.members:
+                    fp ^= hash(u)
+                assert group.fp == fp
+                refs[id(group)] = refs.get(id(group), 0) + 1
+                groups[id(group)] = group
+    for key, group in groups.items():
+        assert group.refs == refs[key], "a group's reference count is off"
 
 
 # -- the seed example --------------------------------------------------------------------
@@ -185,6 +209,46 @@ def test_matches_byte_model(ops: list[tuple[object, ...]]) -> None:
             assert expand(segs) == model.bytes[a]
         assert tracker.users() == model.users()
         assert len(tracker) == model.live_allocations()
+        check_groups(tracker)
+
+
+# One allocation, few users, long runs, ranges on a coarse grid so that they overlap and
+# touch often: reader groups are split, shared between pieces, emptied by `forget` through
+# one segment while other segments still refer to them, and merged back.
+few_users = st.integers(0, 3)
+grid_bound = st.sampled_from(range(0, SIZE, 8))
+grid_length = st.sampled_from([8, 16, 24, 32, 40])
+
+
+@st.composite
+def shared_op(draw: st.DrawFn) -> tuple[object, ...]:
+    if draw(st.integers(0, 3)) == 0:
+        return ("forget", draw(few_users))
+    s = draw(grid_bound)
+    e = min(SIZE, s + draw(grid_length))
+    return ("record", "x", s, e, draw(st.integers(0, 4)) == 0, draw(few_users))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(shared_op(), min_size=30, max_size=150))
+def test_shared_reader_groups_match_byte_model(ops: list[tuple[object, ...]]) -> None:
+    tracker: AccessTracker[int] = AccessTracker()
+    model = ByteModel()
+    for step in ops:
+        if step[0] == "record":
+            _, alloc, s, e, writes, u = step
+            assert isinstance(s, int) and isinstance(e, int) and isinstance(u, int)
+            assert isinstance(writes, bool) and isinstance(alloc, Hashable)
+            assert tracker.record(alloc, s, e, writes, u) == model.record(alloc, s, e, writes, u)
+        else:
+            assert isinstance(step[1], int)
+            tracker.forget(step[1])
+            model.forget(step[1])
+        segs = tracker.segments("x")
+        check_shape(segs)
+        assert expand(segs) == model.bytes["x"]
+        assert tracker.users() == model.users()
+        check_groups(tracker)
 
 
 def test_dependencies_is_record_without_registering() -> None:
@@ -272,6 +336,107 @@ def test_forget_merges_neighbours_that_become_equal() -> None:
     t.forget(3)
     assert t.segments("a") == []
     assert len(t) == 0
+
+
+# -- many pending readers ----------------------------------------------------------------
+
+Access = tuple[int, int, bool]
+
+# What pending user k accesses on allocation "buf".
+PATTERNS: dict[str, Callable[[int], Access]] = {
+    "same bytes": lambda k: (0, 16, False),
+    # The reader state splits in two segments whose reader sets overlap.
+    "full and half": lambda k: (0, 64 >> (k & 1), False),
+    "reads and writes": lambda k: (0, 16, k % 8 == 7),
+    # Every pending user reads bytes of its own: one segment each.
+    "own slice": lambda k: (16 * k, 16 * k + 16, False),
+}
+
+
+def steady_allocations(pending: int, pattern: Callable[[int], Access]) -> tuple[int, int]:
+    """Median bytes allocated at once by a `record`, and by a `forget`, with `pending` users.
+
+    With `pending` users pending, each step records a new user and forgets the oldest one.
+    Copying the pending readers (or their segments) would allocate a table of at least a
+    pointer each; the median leaves out the steps where a hash table or list happens to
+    grow.
+    """
+    t: AccessTracker[object] = AccessTracker()
+    users = [object() for _ in range(pending + 64)]
+    for k in range(pending):
+        t.record("buf", *pattern(k), users[k])
+    recorded: list[int] = []
+    forgotten: list[int] = []
+    tracing = tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        for k in range(pending, pending + 64):
+            s, e, w = pattern(k)
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            t.record("buf", s, e, w, users[k])
+            recorded.append(tracemalloc.get_traced_memory()[1] - before)
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            t.forget(users[k - pending])
+            forgotten.append(tracemalloc.get_traced_memory()[1] - before)
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    return int(statistics.median(recorded)), int(statistics.median(forgotten))
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_pending_readers_are_not_copied(pattern: str) -> None:
+    small = steady_allocations(512, PATTERNS[pattern])
+    large = steady_allocations(8192, PATTERNS[pattern])
+    # 8192 pointers are 64 KiB: a step that copies the readers allocates more than that.
+    assert large[0] < 4096, f"record allocates {large[0]} bytes with 8192 pending readers"
+    assert large[1] < 4096, f"forget allocates {large[1]} bytes with 8192 pending readers"
+    # ... and the work per step does not grow with the number of pending users.
+    assert large[0] <= small[0] + 256 and large[1] <= small[1] + 256, (small, large)
+
+
+def test_readers_join_one_group_in_place() -> None:
+    t: AccessTracker[int] = AccessTracker()
+    for u in range(1000):
+        assert t.record("a", 0, 16, False, u) == set()
+    ((_, _, readers),) = t._allocs["a"].rest
+    assert len(readers) == 1 and len(readers[0].members) == 1000
+    group = readers[0]
+    t.record("a", 0, 16, False, 1000)
+    t.forget(3)
+    ((_, _, readers),) = t._allocs["a"].rest
+    assert readers[0] is group  # the same group, changed in place
+    assert 1000 in group.members and 3 not in group.members
+    # A write ends the readers: it waits for all of them, once.
+    assert t.record("a", 0, 16, True, 2000) == set(range(1001)) - {3}
+    assert t.segments("a") == [(0, 16, 2000, frozenset())]
+
+
+def test_split_shares_readers_and_merges_back() -> None:
+    t: AccessTracker[int] = AccessTracker()
+    for u in range(100):
+        t.record("a", 0, 64, False, u)
+    t.record("a", 0, 32, False, 100)  # splits the segment: the halves share the 100 readers
+    (_, _, left), (_, _, right) = t._allocs["a"].rest
+    assert left[0] is right[0] and len(left[0].members) == 100
+    assert t.segments("a") == [
+        (0, 32, None, frozenset(range(101))),
+        (32, 64, None, frozenset(range(100))),
+    ]
+    t.record("a", 0, 64, False, 101)  # each half gets it once
+    t.forget(5)  # leaves the shared group: both halves lose it
+    assert t.segments("a") == [
+        (0, 32, None, frozenset(range(102)) - {5}),
+        (32, 64, None, frozenset(range(102)) - {5, 100}),
+    ]
+    t.forget(100)  # the halves are equal again: one segment
+    assert t.segments("a") == [(0, 64, None, frozenset(range(102)) - {5, 100})]
+    t.record("a", 32, 64, False, 102)
+    t.record("a", 0, 32, False, 102)  # equal by content although built from other groups
+    assert t.segments("a") == [(0, 64, None, frozenset(range(103)) - {5, 100})]
+    check_groups(t)
 
 
 # -- forget, drop, errors ----------------------------------------------------------------
