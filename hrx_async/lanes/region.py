@@ -151,11 +151,14 @@ class RegionRun:
             self.cause = cause
         return cause
 
-    def refusal(self) -> BaseException | None:
+    def refusal(self, poison: bool = True) -> BaseException | None:
         """Why this region must not run, judged from its dependencies and its submission.
 
         Safe from worker threads. Failures of dependencies that finished on the device are
         applied to the poison book first, so they count even before the loop hears of them.
+        `poison=False` leaves out the poison check: the book is exact for this region only
+        once what it follows has run, so while it still waits for dependencies on the
+        device, that check is the backend's last one (`preflight`).
         """
         submission = self.submission
         deps = self.deps
@@ -175,7 +178,7 @@ class RegionRun:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
         if submission.cancelled or submission.scheduler.leaving:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
-        found = submission.scheduler.poison_book.find(self.plan.reads)
+        found = submission.scheduler.poison_book.find(self.plan.reads) if poison else None
         if found is not None:
             return PoisonedError(found[0], found[1])
         return None

@@ -357,7 +357,7 @@ class Scheduler:
             self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
             return
         # The host function runs right here, so its last check is this one.
-        refusal = run.preflight() if on_host else run.refusal()
+        refusal = run.preflight() if on_host else run.refusal(poison=not waits)
         if refusal is not None:
             self._refused(run, refusal)
             return
@@ -392,7 +392,7 @@ class Scheduler:
                 continue
             if queued:
                 lane.items.popleft()
-            refusal = later.refusal()
+            refusal = later.refusal(poison=not waits)
             if refusal is not None:
                 self._refused(later, refusal)
             else:
@@ -520,7 +520,12 @@ class Scheduler:
             # Work that never ran leaves its outputs as they were; work that failed (or read
             # poisoned input) leaves them undefined.
             run.apply_failure(error)
-            if submission.error is None:
+            # The submission reports the failure itself, not a region that refused because
+            # of it (that one may settle first: it did not have to wait for it).
+            known = submission.error
+            if known is None or (
+                isinstance(known, DependencyFailed) and not isinstance(error, DependencyFailed)
+            ):
                 submission.error = run.failure_cause(error)
         elif skipped:
             run.state = SKIPPED
