@@ -51,263 +51,27 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from hrx_async.errors import ContractError
+from .errors import ContractError
+from .segments import (
+    Allocation,
+    Piece,
+    ReaderGroup,
+    Readers,
+    check_range,
+    frozen,
+    holds,
+    join_reader,
+    merge_after,
+    merge_around,
+    new_group,
+    splice,
+    with_reader,
+    without_reader,
+)
 
 U = TypeVar("U", bound=Hashable)
-
-# What `segments` reports for a segment without readers.
-_NO_READERS: frozenset[Any] = frozenset()
-
-
-class _Group(Generic[U]):
-    """Readers shared by the segments that refer to it.
-
-    `refs` counts those segments. A group only one segment refers to may grow in place when
-    that segment is read again; a shared one never grows (the reader would leak into the
-    other segments), but `forget` removes users from it, which is right for all of them.
-    `fp` is the XOR of the members' hashes, kept current so that reader sets of equal size
-    are told apart without comparing their members.
-
-    No ``__init__``: the hot paths set the three fields inline, `_group` elsewhere.
-    """
-
-    __slots__ = ("fp", "members", "refs")
-    members: set[U]
-    refs: int
-    fp: int
-
-
-# A segment's readers: disjoint, non-empty groups (empty groups exist only in the middle of
-# a `forget`, which drops them), () when there are none.
-_Readers = tuple[_Group[U], ...]
-_Segment = tuple[int, U | None, _Readers[U]]  # (end, writer, readers)
-_Piece = tuple[int, int, U | None, _Readers[U]]  # (start, end, writer, readers)
-
-
-def _group(user: U, refs: int) -> _Group[U]:
-    group: _Group[U] = _Group()
-    group.members = {user}
-    group.refs = refs
-    group.fp = hash(user)
-    return group
-
-
-def _holds(readers: _Readers[U], user: U) -> bool:
-    for group in readers:  # noqa: SIM110 - a plain loop: no generator on this path
-        if user in group.members:
-            return True
-    return False
-
-
-def _refers(readers: _Readers[U], group: _Group[U]) -> bool:
-    return any(g is group for g in readers)
-
-
-def _same_readers(a: _Readers[U], b: _Readers[U]) -> bool:
-    """Whether two segments' groups hold the same set of users."""
-    if a is b:
-        return True
-    if len(a) == 1 and len(b) == 1:
-        x = a[0]
-        y = b[0]
-        return x is y or (
-            x.fp == y.fp and len(x.members) == len(y.members) and x.members == y.members
-        )
-    size = 0
-    fp = 0
-    for g in a:
-        size += len(g.members)
-        fp ^= g.fp
-    for g in b:
-        size -= len(g.members)
-        fp ^= g.fp
-    if size or fp:
-        return False
-    # Same size (the groups of a segment are disjoint): equal when every member of a group
-    # of `a` that `b` does not refer to is in one of the groups only `b` refers to.
-    only_b = [g.members for g in b if not _refers(a, g)]
-    for g in a:
-        if _refers(b, g):
-            continue
-        for user in g.members:
-            for members in only_b:
-                if user in members:
-                    break
-            else:
-                return False
-    return True
-
-
-def _compact(readers: _Readers[U]) -> _Readers[U]:
-    """The same readers with the groups only this segment refers to folded into one."""
-    own: _Group[U] | None = None
-    kept: list[_Group[U]] = []
-    folded = False
-    for g in readers:
-        if g.refs != 1:
-            kept.append(g)
-        elif own is None:
-            own = g
-        else:
-            folded = True
-            if len(g.members) > len(own.members):
-                own, g = g, own
-            own.members |= g.members  # the smaller one into the larger one
-            own.fp ^= g.fp
-            g.refs = 0
-    if not folded or own is None:
-        return readers
-    kept.append(own)
-    return tuple(kept)
-
-
-def _join(rest: list[_Segment[U]], k: int, user: U) -> bool:
-    """Add `user` to the readers of segment `k`, read as a whole; False if it was one."""
-    e, w, r = rest[k]
-    if not r:
-        rest[k] = (e, w, (_group(user, 1),))
-        return True
-    for g in r:
-        if user in g.members:
-            return False
-    for g in r:
-        if g.refs == 1:
-            g.members.add(user)
-            g.fp ^= hash(user)
-            return True
-    rest[k] = (e, w, (*r, _group(user, 1)))
-    return True
-
-
-def _with_reader(readers: _Readers[U], user: U, whole: bool) -> _Readers[U]:
-    """`readers` plus `user`, for a segment the read covers (`whole`) or a piece of one.
-
-    Grows a group in place only when it is the segment's own and the segment is not split;
-    otherwise adds a new group (refs 0: `_splice` counts the segments that keep it).
-    """
-    for g in readers:
-        if user in g.members:
-            return readers
-    if whole:
-        for g in readers:
-            if g.refs == 1:
-                g.members.add(user)
-                g.fp ^= hash(user)
-                return readers
-    return (*readers, _group(user, 0))
-
-
-def _without(readers: _Readers[U], user: U) -> _Readers[U] | None:
-    """Remove `user` from the groups; the groups left non-empty, or None if nothing changed."""
-    changed = False
-    emptied = False
-    for g in readers:
-        members = g.members
-        if user in members:
-            members.discard(user)
-            g.fp ^= hash(user)
-            changed = True
-            if not members:
-                emptied = True
-        elif not members:  # emptied earlier in the same `forget`, through another segment
-            emptied = True
-    if emptied:
-        return tuple([g for g in readers if g.members])
-    return readers if changed else None
-
-
-def _frozen(readers: _Readers[U]) -> frozenset[U]:
-    if not readers:
-        return _NO_READERS
-    if len(readers) == 1:
-        return frozenset(readers[0].members)
-    return frozenset().union(*(g.members for g in readers))
-
-
-class _Allocation(Generic[U]):
-    """The segments of one allocation."""
-
-    __slots__ = ("key", "pending", "rest", "starts")
-
-    def __init__(self, key: Hashable, start: int, segment: _Segment[U]) -> None:
-        """An allocation with its first segment, recorded by one index entry."""
-        self.key = key
-        # Index entries naming this allocation that `forget` has not processed yet. Once
-        # none is left every user that recorded an access here was forgotten, and the
-        # allocation leaves the tracker; it is set to 0 when the allocation leaves for
-        # another reason, so that entries still naming it are skipped.
-        self.pending = 1
-        # Kept apart from `rest` so `bisect` works on plain ints (no key function calls).
-        self.starts = [start]
-        # (end, writer, readers) of the segment starting at the same index in `starts`.
-        self.rest = [segment]
-
-
-def _check_range(start: int, end: int) -> None:
-    if start < 0 or end <= start:
-        raise ContractError(f"byte range [{start}, {end}) is invalid: need 0 <= start < end")
-
-
-def _splice(alloc: _Allocation[U], lo: int, hi: int, pieces: list[_Piece[U]]) -> None:
-    """Replace segments ``[lo, hi)`` by sorted `pieces`, merging equal neighbours.
-
-    Pieces without a writer or readers are left out. Group reference counts move from the
-    replaced segments to the resulting ones.
-    """
-    rest = alloc.rest
-    for k in range(lo, hi):
-        for g in rest[k][2]:
-            g.refs -= 1
-    new_starts: list[int] = []
-    new_rest: list[_Segment[U]] = []
-    for s, e, w, r in pieces:
-        if w is None and not r:
-            continue
-        if new_rest:
-            prev_end, prev_w, prev_r = new_rest[-1]
-            if prev_end == s and prev_w == w and _same_readers(prev_r, r):
-                new_rest[-1] = (e, prev_w, prev_r)
-                continue
-        new_starts.append(s)
-        new_rest.append((e, w, r))
-    for _, _, r in new_rest:
-        for g in r:
-            g.refs += 1
-    for k, (e, w, r) in enumerate(new_rest):
-        if len(r) > 1:
-            folded = _compact(r)
-            if folded is not r:
-                new_rest[k] = (e, w, folded)
-    alloc.starts[lo:hi] = new_starts
-    rest[lo:hi] = new_rest
-
-
-def _merge_after(alloc: _Allocation[U], k: int) -> None:
-    """Merge segment ``k + 1`` into segment `k` if they touch and have equal state."""
-    starts = alloc.starts
-    rest = alloc.rest
-    end, w, r = rest[k]
-    if starts[k + 1] != end:
-        return
-    n_end, n_w, n_r = rest[k + 1]
-    if n_w == w and _same_readers(r, n_r):
-        for g in n_r:
-            g.refs -= 1
-        if len(r) > 1:
-            r = _compact(r)
-        rest[k] = (n_end, w, r)
-        del starts[k + 1]
-        del rest[k + 1]
-
-
-def _merge_around(alloc: _Allocation[U], i: int) -> None:
-    """Merge segment `i` with touching neighbours of equal state (after it changed)."""
-    if i + 1 < len(alloc.starts):
-        _merge_after(alloc, i)
-    if i > 0:
-        _merge_after(alloc, i - 1)
 
 
 class AccessTracker(Generic[U]):
@@ -321,10 +85,10 @@ class AccessTracker(Generic[U]):
     __slots__ = ("_allocs", "_index")
 
     def __init__(self) -> None:
-        self._allocs: dict[Hashable, _Allocation[U]] = {}
+        self._allocs: dict[Hashable, Allocation[U]] = {}
         # user -> (allocation, start, end) of each access it recorded since it was last
         # forgotten: every segment the user can still appear in overlaps one of them.
-        self._index: dict[U, list[tuple[_Allocation[U], int, int]]] = {}
+        self._index: dict[U, list[tuple[Allocation[U], int, int]]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -345,7 +109,7 @@ class AccessTracker(Generic[U]):
         if alloc is None:
             return []
         return [
-            (s, e, w, _frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)
+            (s, e, w, frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)
         ]
 
     def users(self) -> set[U]:
@@ -368,7 +132,7 @@ class AccessTracker(Generic[U]):
         Unlike `record` there is no user to exclude, so a user asking about its own earlier
         accesses gets itself back; `record` never returns the recording user.
         """
-        _check_range(start, end)
+        check_range(start, end)
         alloc = self._allocs.get(allocation)
         deps: set[U] = set()
         if alloc is None:
@@ -397,19 +161,19 @@ class AccessTracker(Generic[U]):
         `ContractError`, changing nothing, unless ``0 <= start < end``.
         """
         if start < 0 or end <= start:
-            _check_range(start, end)
+            check_range(start, end)
         alloc = self._allocs.get(allocation)
         if alloc is None:
             # Nothing pending on this allocation (the common case once earlier work is
             # forgotten): the access is the only segment and depends on nobody.
             if writes:
-                alloc = _Allocation(allocation, start, (end, user, ()))
+                alloc = Allocation(allocation, start, (end, user, ()))
             else:
-                g: _Group[U] = _Group()
+                g: ReaderGroup[U] = ReaderGroup()
                 g.members = {user}
                 g.refs = 1
                 g.fp = hash(user)
-                alloc = _Allocation(allocation, start, (end, None, (g,)))
+                alloc = Allocation(allocation, start, (end, None, (g,)))
             self._allocs[allocation] = alloc
             entry = (alloc, start, end)
             ranges = self._index.get(user)
@@ -463,7 +227,7 @@ class AccessTracker(Generic[U]):
                 rest[i] = (end, user, ())
                 return deps
             if not r:
-                g = _Group()
+                g = ReaderGroup()
                 g.members = {user}
                 g.refs = 1
                 g.fp = hash(user)
@@ -478,13 +242,13 @@ class AccessTracker(Generic[U]):
                     members.add(user)  # the segment's own group: joined in place
                     g.fp ^= hash(user)
                 else:
-                    rest[i] = (end, w, (g, _group(user, 1)))
-            elif not _join(rest, i, user):
+                    rest[i] = (end, w, (g, new_group(user, 1)))
+            elif not join_reader(rest, i, user):
                 deps.discard(user)
                 return deps
             deps.discard(user)
             if (i + 1 < len(starts) and starts[i + 1] == end) or (i and rest[i - 1][0] == start):
-                _merge_around(alloc, i)
+                merge_around(alloc, i)
             return deps
 
         if i < 0 or seg_end <= start:
@@ -503,17 +267,17 @@ class AccessTracker(Generic[U]):
                     w = rest[k][1]
                     if w is not None:
                         deps.add(w)
-                    if _join(rest, k, user):
+                    if join_reader(rest, k, user):
                         changed = True
                 deps.discard(user)
                 if changed:
                     k = j - 1 if j < len(starts) else j - 2
                     while k >= i - 1 and k >= 0:
-                        _merge_after(alloc, k)
+                        merge_after(alloc, k)
                         k -= 1
                 return deps
 
-        pieces: list[_Piece[U]] = []
+        pieces: list[Piece[U]] = []
         lo = i
         hi = j
         # Pull in touching neighbours so the new pieces can merge with them.
@@ -545,26 +309,26 @@ class AccessTracker(Generic[U]):
                 s_k = starts[k]
                 e_k, w, r = rest[k]
                 if s_k > pos:
-                    pieces.append((pos, s_k, None, (_group(user, 0),)))  # bytes nobody touched
+                    pieces.append((pos, s_k, None, (new_group(user, 0),)))  # bytes nobody touched
                 if w is not None:
                     deps.add(w)
                 whole = s_k >= start and e_k <= end
                 seg_e = e_k if e_k < end else end
                 pieces.append(
-                    (s_k if s_k > start else start, seg_e, w, _with_reader(r, user, whole))
+                    (s_k if s_k > start else start, seg_e, w, with_reader(r, user, whole))
                 )
                 if e_k > end:
                     pieces.append((end, e_k, w, r))
                 pos = seg_e
             if pos < end:
-                pieces.append((pos, end, None, (_group(user, 0),)))
+                pieces.append((pos, end, None, (new_group(user, 0),)))
 
         tail = pieces[-1][1]
         if hi < len(starts) and starts[hi] == tail:
             e0, w0, r0 = rest[hi]
             pieces.append((tail, e0, w0, r0))
             hi += 1
-        _splice(alloc, lo, hi, pieces)
+        splice(alloc, lo, hi, pieces)
         deps.discard(user)
         return deps
 
@@ -610,7 +374,7 @@ class AccessTracker(Generic[U]):
                     continue
                 seg_end, w, r = rest[i]
             # One segment (the replay case): change it in place.
-            new_r: _Readers[U]
+            new_r: Readers[U]
             if len(r) == 1:
                 g = r[0]
                 members = g.members
@@ -627,7 +391,7 @@ class AccessTracker(Generic[U]):
                 else:
                     continue  # not here: overwritten by later writers
             elif r:
-                dropped = _without(r, user)
+                dropped = without_reader(r, user)
                 if dropped is None:
                     if not shared and w != user:
                         continue
@@ -653,7 +417,7 @@ class AccessTracker(Generic[U]):
                 continue
             if new_w is not w or new_r is not r:
                 rest[i] = (seg_end, new_w, new_r)
-            _merge_around(alloc, i)  # changed, or perhaps changed through a shared group
+            merge_around(alloc, i)  # changed, or perhaps changed through a shared group
 
     def drop_allocation(self, allocation: Hashable) -> None:
         """Forget everything about a freed allocation. Unknown allocations are ignored."""
@@ -664,7 +428,7 @@ class AccessTracker(Generic[U]):
     # -- internals -------------------------------------------------------------------------
 
     def _forget_segments(
-        self, alloc: _Allocation[U], i: int, j: int, user: U, shared: bool
+        self, alloc: Allocation[U], i: int, j: int, user: U, shared: bool
     ) -> bool:
         """`forget` for segments ``[i, j)`` of `alloc`; returns `shared` as updated.
 
@@ -676,7 +440,7 @@ class AccessTracker(Generic[U]):
         if not shared:
             for k in range(i, j):
                 _, w, r = rest[k]
-                if w == user or _holds(r, user):
+                if w == user or holds(r, user):
                     break
             else:
                 return False  # not in any of them, and nothing else changed
@@ -689,7 +453,7 @@ class AccessTracker(Generic[U]):
                 changed = True
             new_r = r
             if r:
-                dropped = _without(r, user)
+                dropped = without_reader(r, user)
                 if dropped is not None:
                     changed = True
                     new_r = dropped
@@ -706,15 +470,15 @@ class AccessTracker(Generic[U]):
             if w is not rest[k][1] or new_r is not r:
                 rest[k] = (seg_end, w, new_r)
             if (changed or right_changed) and k + 1 < len(starts):
-                _merge_after(alloc, k)
+                merge_after(alloc, k)
             right_changed = changed
         if not starts:
             self._remove(alloc)
         elif right_changed and 0 < i < len(starts):
-            _merge_after(alloc, i - 1)
+            merge_after(alloc, i - 1)
         return shared
 
-    def _remove(self, alloc: _Allocation[U]) -> None:
+    def _remove(self, alloc: Allocation[U]) -> None:
         # Index entries still naming it are skipped by `forget` (pending 0), rather than
         # searched for now among the entries of every user that touched it.
         del self._allocs[alloc.key]
