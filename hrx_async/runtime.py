@@ -365,7 +365,7 @@ class Runtime:
     def _release_buffer(self, buffer: Buffer) -> None:
         scheduler = self._scheduler
         if scheduler is not None and (
-            scheduler.tracker.segments(buffer.ident) or self._host_mappings.holds(buffer.ident)
+            not scheduler.tracker.untouched(buffer.ident) or self._host_mappings.holds(buffer.ident)
         ):
             raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
         finalizer = self._finalizers.get(buffer.ident)
