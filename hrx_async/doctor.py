@@ -21,7 +21,8 @@ import anyio
 import numpy as np
 
 from . import __version__
-from .backends import GPU_BACKENDS, probe
+from .backends import GPU_BACKENDS, probe, resolve
+from .errors import BackendUnavailable, ContractError
 
 PACKAGES = (
     ("numpy", "required"),
@@ -67,15 +68,20 @@ def backend_reports() -> list[dict[str, Any]]:
 
 
 def auto_choice(reports: Iterable[dict[str, Any]]) -> str:
-    """What `Runtime(backend="auto")` opens here."""
-    forced = os.environ.get("HRX_BACKEND")
-    if forced and forced != "auto":
-        return forced
-    available = {r["backend"] for r in reports if r.get("available")}
-    for name in ("cuda", "hip"):
-        if name in available:
-            return name
-    return "sim"
+    """What `Runtime()` (backend "auto", HRX_BACKEND read) opens here.
+
+    Raises what opening it would raise: ContractError for a bad HRX_BACKEND,
+    BackendUnavailable when the backend it names cannot open.
+    """
+    return resolve("auto", {report["backend"]: report for report in reports})
+
+
+def runtime_outcome(reports: Iterable[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """(backend `Runtime()` opens, None), or (None, why `Runtime()` would fail here)."""
+    try:
+        return auto_choice(reports), None
+    except (ContractError, BackendUnavailable) as exc:
+        return None, str(exc)
 
 
 def device_nodes() -> dict[str, list[str]]:
@@ -89,6 +95,7 @@ def device_nodes() -> dict[str, list[str]]:
 def info() -> dict[str, Any]:
     """Versions, platform and backends as one JSON-ready object."""
     backends = backend_reports()
+    chosen, problem = runtime_outcome(backends)
     return {
         "hrx_async": __version__,
         "python": platform.python_version(),
@@ -98,7 +105,8 @@ def info() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "packages": package_versions(),
         "backends": backends,
-        "auto": auto_choice(backends),
+        "auto": chosen,
+        "auto_error": problem,
         "HRX_BACKEND": os.environ.get("HRX_BACKEND"),
     }
 
@@ -181,5 +189,6 @@ __all__ = [
     "info",
     "package_versions",
     "run_self_tests",
+    "runtime_outcome",
     "self_test",
 ]

@@ -1,8 +1,7 @@
 """A disk cache of compiled GPU code, and the `compile` and `gc` commands that manage it.
 
-The cache lives under `$XDG_CACHE_HOME/hrx_async` (default `~/.cache/hrx_async`),
-entries in its `kernels` subdirectory. It may sit on a disk other users can
-reach, so it trusts nothing it finds there:
+The cache lives in `default_cache_dir()`, entries in its `kernels` subdirectory.
+It may sit on a disk other users can reach, so it trusts nothing it finds there:
 
 - **Names.** Any string is a key. `cache_key` gives a SHA-256 hex digest of
   (source, options, target, compiler version), which names its file directly;
@@ -111,9 +110,18 @@ CompilerFactory = Callable[[str | None], tuple[Compiler, str]]
 
 
 def default_cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/hrx_async`, or `~/.cache/hrx_async` when the variable is unset."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hrx_async"
+    """The user's cache directory for hrx_async, from platformdirs (the `cache` extra).
+
+    That is `$XDG_CACHE_HOME/hrx_async` or `~/.cache/hrx_async` on Linux,
+    `~/Library/Caches/hrx_async` on macOS and `%LOCALAPPDATA%\\hrx_async\\Cache` on
+    Windows. Without platformdirs, the XDG rule is used on every system.
+    """
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "hrx_async"
+    return Path(user_cache_dir("hrx_async", appauthor=False))
 
 
 def cache_key(source: str, options: Sequence[str], target: str, compiler: str) -> str:
@@ -559,21 +567,23 @@ def parse_defines(items: Sequence[str]) -> dict[str, str]:
     return defines
 
 
+def _error(command: str, message: str, status: int) -> int:
+    print(f"hrx-async {command}: error: {message}", file=sys.stderr)
+    return status
+
+
 def compile_command(args: argparse.Namespace, compiler: CompilerFactory | None = None) -> int:
     """`compile`: the cached code for SOURCE, compiled with `compiler` on a miss and stored."""
     try:
         defines = parse_defines(args.defines)
     except ContractError as exc:
-        print(f"hrx-async compile: {exc}", file=sys.stderr)
-        return EX_USAGE
+        return _error("compile", str(exc), EX_USAGE)
     try:
         source = Path(args.source).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"hrx-async compile: cannot read {args.source!r}: {exc}", file=sys.stderr)
-        return EX_FAILURE
+        return _error("compile", f"cannot read {args.source!r}: {exc}", EX_FAILURE)
     if compiler is None:
-        print("hrx-async compile: no GPU compiler is configured for this command", file=sys.stderr)
-        return EX_FAILURE
+        return _error("compile", "no GPU compiler is configured for this command", EX_FAILURE)
     cache = KernelCache()
     try:
         tool, target = compiler(args.arch)
@@ -585,24 +595,17 @@ def compile_command(args: argparse.Namespace, compiler: CompilerFactory | None =
         if payload is None:
             payload = tool.compile(source, args.symbol, options)
     except ContractError as exc:
-        print(f"hrx-async compile: {exc}", file=sys.stderr)
-        return EX_USAGE
+        return _error("compile", str(exc), EX_USAGE)
     except HrxError as exc:
-        print(f"hrx-async compile: {exc}", file=sys.stderr)
-        return EX_FAILURE
+        return _error("compile", str(exc), EX_FAILURE)
     if args.symbol.encode() + b"\0" not in payload:
-        print(
-            f"hrx-async compile: symbol {args.symbol!r} is not in the compiled code; "
-            'declare the kernel extern "C"',
-            file=sys.stderr,
-        )
-        return EX_FAILURE
+        missing = f"symbol {args.symbol!r} is not in the compiled code"
+        return _error("compile", missing + '; declare the kernel extern "C"', EX_FAILURE)
     if not cached:
         try:
             cache.store(key, payload, {"target": target, "compiler": version})
         except HrxError as exc:
-            print(f"hrx-async compile: {exc}", file=sys.stderr)
-            return EX_FAILURE
+            return _error("compile", str(exc), EX_FAILURE)
     print(
         json.dumps(
             {
@@ -625,8 +628,7 @@ def gc_command(args: argparse.Namespace) -> int:
         cache = KernelCache()
         removed = cache.gc(days)
     except (ValueError, ContractError):
-        print(f"hrx-async gc: DAYS must be a number >= 0, got {args.days!r}", file=sys.stderr)
-        return EX_USAGE
+        return _error("gc", f"DAYS must be a number >= 0, got {args.days!r}", EX_USAGE)
     print(json.dumps({"removed": removed, "days": days, "cache": str(cache.root)}))
     return 0
 

@@ -28,16 +28,31 @@ def _open_named(name: str, device: int) -> Backend:
     return opened
 
 
+def requested_backend(name: str) -> str:
+    """The backend `name` asks for once HRX_BACKEND is read: "auto" or one of GPU_BACKENDS.
+
+    "auto" defers to HRX_BACKEND when it is set and not empty. ContractError names the
+    allowed values, and HRX_BACKEND when the wrong value came from there.
+    """
+    source = ""
+    if name == "auto":
+        forced = os.environ.get("HRX_BACKEND", "")
+        if forced:
+            name, source = forced, "HRX_BACKEND "
+    if name not in (*GPU_BACKENDS, "auto"):
+        raise ContractError(
+            f"{source}backend must be one of auto, {', '.join(GPU_BACKENDS)}; got {name!r}"
+        )
+    return name
+
+
 def open_gpu_backend(name: str, device: int = 0) -> tuple[Backend, list[str]]:
     """The backend for `name` ("auto", "sim", "cuda", "hip"), and why "auto" skipped others.
 
     "auto" honours the HRX_BACKEND environment variable, else tries cuda, then
     hip, then falls back to sim.
     """
-    if name == "auto":
-        name = os.environ.get("HRX_BACKEND", "auto") or "auto"
-    if name not in (*GPU_BACKENDS, "auto"):
-        raise ContractError(f"backend must be one of auto, {', '.join(GPU_BACKENDS)}; got {name!r}")
+    name = requested_backend(name)
     if name != "auto":
         return _open_named(name, device), []
     skipped: list[str] = []
@@ -47,6 +62,31 @@ def open_gpu_backend(name: str, device: int = 0) -> tuple[Backend, list[str]]:
         except BackendUnavailable as exc:
             skipped.append(str(exc))
     return _open_named("sim", device), skipped
+
+
+def resolve(name: str = "auto", reports: dict[str, dict[str, Any]] | None = None) -> str:
+    """The backend `open_gpu_backend(name)` opens here, or the error it would raise.
+
+    `reports` maps backend names to `probe` results already taken; a backend missing
+    from it is probed now. Nothing stays open.
+    """
+    known = dict(reports or {})
+
+    def report(backend: str) -> dict[str, Any]:
+        if backend not in known:
+            known[backend] = probe(backend)
+        return known[backend]
+
+    name = requested_backend(name)
+    candidates = (*_AUTO_ORDER, "sim") if name == "auto" else (name,)
+    for candidate in candidates:
+        if report(candidate).get("available"):
+            return candidate
+    # "auto" ends with sim, so the error is about sim or about the backend asked for.
+    found = report(candidates[-1])
+    raise BackendUnavailable(
+        candidates[-1], found.get("reason", "unknown reason"), found.get("install", "")
+    )
 
 
 def probe(name: str) -> dict[str, Any]:

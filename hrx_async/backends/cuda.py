@@ -15,7 +15,10 @@ per binding, then the contract's constants split by the sizes
 
 from __future__ import annotations
 
+import ctypes
+import importlib.metadata
 import os
+import sys
 from typing import Any
 
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
@@ -23,6 +26,34 @@ from ..kernel_cache import KernelCache
 from ._stream import DLPACK_CUDA, StreamBackend, make_error
 
 INSTALL = 'pip install "hrx-async[cuda]"'
+DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+DRIVER_INSTALL = "the NVIDIA driver for your GPU (it provides " + DRIVER_LIBRARY + ")"
+
+
+def nvrtc_install() -> str:
+    """What brings NVRTC: NVIDIA's NVRTC wheel matching the installed cuda-bindings."""
+    try:
+        major = int(importlib.metadata.version("cuda-bindings").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        major = 12
+    package = f"nvidia-cuda-nvrtc-cu{major}" if major <= 12 else "nvidia-cuda-nvrtc"
+    return f"pip install {package} (NVRTC for cuda-bindings {major}.x), or a CUDA toolkit"
+
+
+def nvidia_driver_present() -> bool:
+    """Whether the NVIDIA driver's library loads (CUDA calls report its absence vaguely)."""
+    try:
+        ctypes.CDLL(DRIVER_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
+def _no_driver() -> BackendUnavailable:
+    return BackendUnavailable(
+        "cuda", f"no NVIDIA driver ({DRIVER_LIBRARY} could not be loaded)", DRIVER_INSTALL
+    )
+
 
 # Errors after which the context can run nothing more (CUDA's "sticky" errors), as both
 # the runtime API and the driver API name them.
@@ -95,7 +126,9 @@ def nvrtc_version() -> str:
     try:
         status, major, minor = nvrtc.nvrtcVersion()
     except Exception as exc:  # the library itself may be missing
-        raise BackendUnavailable("cuda", f"NVRTC could not be loaded: {exc}", INSTALL) from None
+        raise BackendUnavailable(
+            "cuda", f"NVRTC could not be loaded: {exc}", nvrtc_install()
+        ) from None
     if status:
         raise BackendError("cuda", "nvrtcVersion", status.name)
     return f"nvrtc-{major}.{minor}"
@@ -442,8 +475,13 @@ def _open_table(device: int) -> CudaTable:
     try:
         status, count = rt.cudaGetDeviceCount()
     except Exception as exc:  # the driver library itself could not be loaded
+        if not nvidia_driver_present():
+            raise _no_driver() from None
         raise BackendUnavailable("cuda", f"the NVIDIA driver could not be loaded: {exc}") from None
     if status:
+        # Without libcuda the runtime reports an "insufficient" driver: say what is wrong.
+        if not nvidia_driver_present():
+            raise _no_driver()
         reason = table.error("cudaGetDeviceCount", status)
         raise BackendUnavailable("cuda", f"no CUDA device answers ({reason})")
     if count == 0:
