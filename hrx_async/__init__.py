@@ -39,6 +39,14 @@ from .memory import (
     npu_local,
     shared,
 )
+from .models import (
+    Lease,
+    PlanCache,
+    PlanCacheStats,
+    PlanHandle,
+    Residency,
+    ResidencyStats,
+)
 from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
 from .serve import RuntimeService
@@ -79,12 +87,18 @@ __all__ = [
     "KernelContract",
     "KernelSource",
     "Lane",
+    "Lease",
     "MemoryBudget",
     "NpuDevice",
     "NpuKernel",
     "Placement",
+    "PlanCache",
+    "PlanCacheStats",
+    "PlanHandle",
     "PoisonedError",
     "PreparedGraph",
+    "Residency",
+    "ResidencyStats",
     "Runtime",
     "RuntimeClosed",
     "RuntimeService",

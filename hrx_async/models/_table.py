@@ -1,0 +1,289 @@
+"""A budgeted, single-flight table of loaded values with LRU eviction of idle unheld entries.
+
+The plan cache (every entry costs 1 of `capacity`) and the residency manager (an entry
+costs its peak bytes while loading, then its resident bytes) are both this table.
+
+Rules, all on one event loop thread:
+
+* One loader per key at a time: callers of a key that is loading wait for its outcome
+  and share it; the loader runs with no lock held. A loader that fails leaves no entry
+  and its exception reaches every waiter; a loader whose caller is cancelled leaves no
+  entry either, and one of the waiters loads again.
+* A new entry is admitted only when its cost fits; admission and charging happen in one
+  step, with no await in between, so the budget is never exceeded.
+* Short of room, ready entries that nobody holds and whose value is idle are evicted,
+  least recently used first; their charge is released only after `release(value)`
+  returns (the value is gone). Without enough such entries, `Busy`, or, when asked to
+  wait, a wait for room (bounded by a timeout). A refused request evicts nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import inspect
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import BudgetExceeded, Busy, ContractError
+
+V = TypeVar("V")
+
+IDLE_POLL_S = 0.02
+"""How often a task waiting for room looks again while only busy (non-idle) values block it."""
+
+
+class State(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    EVICTING = "evicting"
+
+
+class Entry(Generic[V]):
+    __slots__ = ("cost", "error", "gone", "holds", "key", "ready", "state", "value", "waiters")
+
+    def __init__(self, key: Hashable, cost: int) -> None:
+        self.key = key
+        self.cost = cost
+        self.state = State.LOADING
+        self.value: V | None = None
+        self.holds = 0
+        self.waiters = 0
+        self.error: BaseException | None = None
+        self.ready = anyio.Event()
+        self.gone: anyio.Event | None = None
+
+
+def value_idle(value: object) -> bool:
+    """A value is idle unless it says otherwise through a boolean `idle` attribute."""
+    idle = getattr(value, "idle", True)
+    return bool(idle) if isinstance(idle, bool) else True
+
+
+async def call_release(release: Callable[[Any], object] | None, value: object) -> None:
+    if release is None:
+        return
+    outcome = release(value)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+class Table(Generic[V]):
+    """See the module docstring. `what` names the table in messages ("plan cache", ...)."""
+
+    def __init__(
+        self, budget: int, release: Callable[[Any], object] | None, what: str, unit: str
+    ) -> None:
+        self.budget = budget
+        self.used = 0
+        self.what = what
+        self.unit = unit
+        self.release = release
+        self.entries: collections.OrderedDict[Hashable, Entry[V]] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self._changed: anyio.Event | None = None
+
+    # -- notifications ---------------------------------------------------------------
+
+    def notify(self) -> None:
+        """Wake every task waiting for room."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    async def _wait_changed(self, poll: bool) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        changed = self._changed
+        if poll:
+            with anyio.move_on_after(IDLE_POLL_S):
+                await changed.wait()
+        else:
+            await changed.wait()
+
+    # -- holds -----------------------------------------------------------------------
+
+    def unhold(self, entry: Entry[V]) -> None:
+        if entry.holds <= 0:
+            raise ContractError(f"{self.what} entry {entry.key!r} is not held")
+        entry.holds -= 1
+        if entry.holds == 0:
+            self.notify()
+
+    # -- acquiring -------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        key: Hashable,
+        cost: int,
+        loader: Callable[[], Awaitable[tuple[V, int]]],
+        wait: bool,
+        timeout: float | None,
+    ) -> Entry[V]:
+        """The ready entry of `key`, held once for the caller; loads it when missing."""
+        if cost > self.budget:
+            raise BudgetExceeded(
+                f"{cost} {self.unit} can never fit in the {self.what}'s budget of "
+                f"{self.budget} {self.unit}"
+            )
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        await anyio.lowlevel.checkpoint()
+        while True:
+            entry = self.entries.get(key)
+            if entry is not None:
+                if entry.state is State.READY:
+                    self.hits += 1
+                    entry.holds += 1
+                    self.entries.move_to_end(key)
+                    return entry
+                if entry.state is State.LOADING:
+                    if await self._join(entry):
+                        self.hits += 1
+                        return entry
+                    continue  # the loading caller was cancelled: try again
+                assert entry.gone is not None
+                await entry.gone.wait()
+                continue
+            if self.used + cost <= self.budget:
+                return await self._load(key, cost, loader)
+            await self._make_room(cost, wait, deadline)
+
+    async def _join(self, entry: Entry[V]) -> bool:
+        """Wait for a loading entry; True when it loaded (and is now held for us)."""
+        entry.waiters += 1
+        try:
+            await entry.ready.wait()
+        except BaseException:
+            if not entry.ready.is_set():
+                entry.waiters -= 1
+            elif entry.error is None:
+                self.unhold(entry)
+            raise
+        error = entry.error
+        if error is None:
+            return True
+        if isinstance(error, Exception):
+            raise error
+        return False
+
+    async def _load(
+        self, key: Hashable, cost: int, loader: Callable[[], Awaitable[tuple[V, int]]]
+    ) -> Entry[V]:
+        entry: Entry[V] = Entry(key, cost)
+        self.entries[key] = entry
+        self.used += cost
+        self.misses += 1
+        try:
+            value, final = await loader()
+        except BaseException as exc:
+            del self.entries[key]
+            self.used -= cost
+            entry.error = exc
+            entry.ready.set()
+            self.notify()
+            raise
+        assert 1 <= final <= cost
+        entry.value = value
+        self.used -= cost - final
+        entry.cost = final
+        entry.state = State.READY
+        entry.holds += 1 + entry.waiters
+        entry.waiters = 0
+        entry.ready.set()
+        self.notify()
+        return entry
+
+    def victims(self, cost: int) -> list[Entry[V]] | None:
+        """LRU-first idle unheld ready entries whose eviction (with evictions already under
+        way) makes `cost` fit; None when even all of them would not."""
+        missing = self.used + cost - self.budget
+        missing -= sum(e.cost for e in self.entries.values() if e.state is State.EVICTING)
+        chosen: list[Entry[V]] = []
+        for entry in self.entries.values():
+            if missing <= 0:
+                break
+            if entry.state is State.READY and entry.holds == 0 and value_idle(entry.value):
+                chosen.append(entry)
+                missing -= entry.cost
+        return chosen if missing <= 0 else None
+
+    async def _make_room(self, cost: int, wait: bool, deadline: float | None) -> None:
+        chosen = self.victims(cost)
+        if chosen is not None:
+            evicting = [e for e in self.entries.values() if e.state is State.EVICTING]
+            for entry in chosen:
+                self.start_eviction(entry)
+            for entry in chosen:
+                await self.finish_eviction(entry)
+            for entry in evicting:
+                assert entry.gone is not None
+                await entry.gone.wait()
+            return
+        if not wait:
+            raise Busy(self.busy_message(cost))
+        remaining = None if deadline is None else deadline - anyio.current_time()
+        if remaining is not None and remaining <= 0:
+            raise Busy(f"timed out waiting for room: {self.busy_message(cost)}")
+        blocked_by_busy_values = any(
+            e.state is State.READY and e.holds == 0 for e in self.entries.values()
+        )
+        with anyio.move_on_after(remaining):
+            await self._wait_changed(poll=blocked_by_busy_values)
+
+    def busy_message(self, cost: int) -> str:
+        held = sum(1 for e in self.entries.values() if e.holds or e.state is not State.READY)
+        return (
+            f"{cost} {self.unit} do not fit in the {self.what}: {self.used} of {self.budget} "
+            f"{self.unit} in use, {held} of {len(self.entries)} entries held or loading and "
+            "the rest busy; release a handle or use the waiting form"
+        )
+
+    # -- eviction --------------------------------------------------------------------
+
+    def start_eviction(self, entry: Entry[V]) -> None:
+        entry.state = State.EVICTING
+        entry.gone = anyio.Event()
+
+    async def finish_eviction(self, entry: Entry[V]) -> None:
+        """Release the value (shielded: it always finishes), then its charge."""
+        assert entry.gone is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await call_release(self.release, entry.value)
+        except BaseException:
+            entry.state = State.READY  # the value is not gone: it keeps its charge
+            entry.gone.set()
+            entry.gone = None
+            self.notify()
+            raise
+        del self.entries[entry.key]
+        self.used -= entry.cost
+        self.evictions += 1
+        entry.value = None
+        entry.gone.set()
+        self.notify()
+
+    async def evict(self, key: Hashable) -> None:
+        entry = self.entries.get(key)
+        if entry is None:
+            raise ContractError(f"the {self.what} has no entry {key!r}")
+        if entry.state is not State.READY:
+            raise Busy(f"{self.what} entry {key!r} is {entry.state.value}")
+        if entry.holds:
+            raise Busy(f"{self.what} entry {key!r} is held {entry.holds} time(s)")
+        if not value_idle(entry.value):
+            raise Busy(f"{self.what} entry {key!r} is still busy (its value is not idle)")
+        self.start_eviction(entry)
+        await self.finish_eviction(entry)
+
+    async def clear(self) -> None:
+        """Evict every ready, unheld, idle entry (the others stay)."""
+        for entry in [e for e in self.entries.values() if e.state is State.READY]:
+            if entry.holds == 0 and entry.state is State.READY and value_idle(entry.value):
+                self.start_eviction(entry)
+                await self.finish_eviction(entry)

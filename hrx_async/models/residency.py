@@ -1,0 +1,271 @@
+"""Byte-budgeted residency of loaded values (model weights on the device), with leases.
+
+    residency = Residency(budget_bytes=2 << 30)
+    lease = await residency.load("encoder", peak_bytes, load_encoder)
+    with lease as weights:                    # leased: never evicted meanwhile
+        ...
+
+`load(key, peak_bytes, loader)` reserves `peak_bytes` of the budget, then calls
+`loader()` (plain or `async`, no lock held), which returns `(value, resident_bytes)`
+with 1 <= resident_bytes <= peak_bytes; the reservation then shrinks to
+`resident_bytes`. Loads of one key are single-flight. A peak larger than the whole
+budget raises `BudgetExceeded`. Short of space, entries that nobody leases (and whose
+value is idle) are evicted least recently used first; with none to evict, `Busy`, or with
+`wait=True` a wait for space (up to `timeout` seconds, then `Busy`). An evicted value is
+released by `release(value)` (by default: its runtime buffers are freed) and only then
+is its charge given back, so the budget always covers everything still allocated.
+Failed loads reserve nothing and leave no entry. For one event loop thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from ..errors import Busy, ContractError, RuntimeClosed
+from ..memory import Buffer
+from . import _check
+from ._table import Entry, State, Table
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyStats:
+    """`budget_bytes`; `reserved_bytes` now (resident sizes, peaks of loads under way and
+    charges of values being released); `resources` entries now (loading ones included);
+    `evictions`, `hits` and `misses` (loader calls) since creation."""
+
+    budget_bytes: int
+    reserved_bytes: int
+    resources: int
+    evictions: int
+    hits: int
+    misses: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "resources": self.resources,
+            "evictions": self.evictions,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
+
+def buffers_of(value: object) -> list[Buffer]:
+    """The runtime buffers a value holds: itself, the items of a sequence or mapping, or a
+    `buffers` attribute (one level of each)."""
+    if isinstance(value, Buffer):
+        return [value]
+    found = getattr(value, "buffers", None)
+    if found is not None and not callable(found):
+        value = found
+    items: Iterable[Any]
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = value
+    else:
+        return []
+    return [item for item in items if isinstance(item, Buffer)]
+
+
+async def free_buffers(value: object) -> None:
+    """The default release: `await value.aclose()` or `value.close()` when it has one, else
+    free every runtime buffer it holds (see `buffers_of`). A buffer still used by submitted
+    work is freed as soon as that work finishes."""
+    closer = getattr(value, "aclose", None) or getattr(value, "close", None)
+    if callable(closer):
+        outcome = closer()
+        if inspect.isawaitable(outcome):
+            await outcome
+        return
+    for buffer in buffers_of(value):
+        while not buffer.freed:
+            try:
+                buffer.free()
+            except Busy:
+                # Submitted work still reads it; the runtime frees nothing under running work.
+                await anyio.sleep(0.001)
+
+
+class Lease(Generic[V]):
+    """A pin on one resident value: `value`; `release()` (idempotent) lets it be evicted.
+    A synchronous context manager."""
+
+    __slots__ = ("_entry", "_table", "key")
+
+    def __init__(self, table: Table[V], entry: Entry[V]) -> None:
+        self._table = table
+        self._entry: Entry[V] | None = entry
+        self.key = entry.key
+
+    @property
+    def value(self) -> V:
+        entry = self._entry
+        if entry is None:
+            raise RuntimeClosed(f"this lease on {self.key!r} was released; lease it again")
+        return entry.value  # type: ignore[return-value]
+
+    @property
+    def resident_bytes(self) -> int:
+        entry = self._entry
+        if entry is None:
+            raise RuntimeClosed(f"this lease on {self.key!r} was released; lease it again")
+        return entry.cost
+
+    @property
+    def released(self) -> bool:
+        return self._entry is None
+
+    def release(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            self._table.unhold(entry)
+
+    def __enter__(self) -> V:
+        return self.value
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._entry is None else "held"
+        return f"<Lease {self.key!r} {state}>"
+
+
+class Residency(Generic[V]):
+    """Values resident within `budget_bytes` (>= 1); see the module docstring."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        release: Callable[[V], object] | None = free_buffers,
+        label: str = "residency",
+    ) -> None:
+        budget_bytes = _check.integer(budget_bytes, "a residency budget (bytes)", 1)
+        if release is not None:
+            _check.function(release, "release")
+        if not isinstance(label, str):
+            raise ContractError(f"label must be a string, got {_check.shown(label)}")
+        self.label = label
+        self._table: Table[V] = Table(budget_bytes, release, label, "bytes")
+
+    # -- counters --------------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._table.budget
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self._table.used
+
+    @property
+    def resources(self) -> int:
+        return len(self._table.entries)
+
+    @property
+    def evictions(self) -> int:
+        return self._table.evictions
+
+    def stats(self) -> ResidencyStats:
+        t = self._table
+        return ResidencyStats(t.budget, t.used, len(t.entries), t.evictions, t.hits, t.misses)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            entry = self._table.entries.get(key)
+        except TypeError:
+            return False
+        return entry is not None and entry.state is State.READY
+
+    def resident_bytes(self, key: Hashable) -> int:
+        """The resident size of a ready entry (`ContractError` when there is none)."""
+        return self._ready(key).cost
+
+    # -- loading and leasing ---------------------------------------------------------
+
+    async def load(
+        self,
+        key: Hashable,
+        peak_bytes: int,
+        loader: Callable[[], tuple[V, int] | Awaitable[tuple[V, int]]],
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> Lease[V]:
+        """A lease on the value of `key`, loaded within `peak_bytes` when not resident."""
+        key = _check.key(key, "residency key")
+        peak = _check.integer(peak_bytes, "peak_bytes", 1)
+        _check.function(loader, "loader")
+        timeout = _check.timeout(timeout)
+        release = self._table.release
+
+        async def load() -> tuple[V, int]:
+            outcome = loader()
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            if not (isinstance(outcome, tuple) and len(outcome) == 2):
+                raise ContractError(
+                    f"a residency loader returns (value, resident_bytes), got "
+                    f"{_check.shown(outcome)}"
+                )
+            value, size = outcome
+            try:
+                size = _check.integer(size, f"resident_bytes (1..{peak}, the peak)", 1, peak)
+            except ContractError:
+                with anyio.CancelScope(shield=True):
+                    if release is not None:
+                        result = release(value)
+                        if inspect.isawaitable(result):
+                            await result
+                raise
+            return value, size
+
+        entry = await self._table.acquire(key, peak, load, wait, timeout)
+        return Lease(self._table, entry)
+
+    def lease(self, key: Hashable) -> Lease[V]:
+        """Another lease on a resident value (`ContractError` when `key` is not resident)."""
+        entry = self._ready(key)
+        entry.holds += 1
+        self._table.hits += 1
+        self._table.entries.move_to_end(entry.key)
+        return Lease(self._table, entry)
+
+    def _ready(self, key: Hashable) -> Entry[V]:
+        key = _check.key(key, "residency key")
+        entry = self._table.entries.get(key)
+        if entry is None or entry.state is not State.READY:
+            state = "absent" if entry is None else entry.state.value
+            raise ContractError(f"{key!r} is not resident in {self.label!r} ({state})")
+        return entry
+
+    async def evict(self, key: Hashable) -> None:
+        """Release the value of `key` now, then its charge. `ContractError` when absent,
+        `Busy` when leased, loading or busy."""
+        await self._table.evict(_check.key(key, "residency key"))
+
+    async def clear(self) -> None:
+        """Evict everything nobody leases (use at shutdown, before the runtime closes)."""
+        await self._table.clear()
+
+    def __repr__(self) -> str:
+        t = self._table
+        return f"<Residency {self.label!r} {t.used}/{t.budget} B {len(t.entries)} resources>"
+
+
+__all__ = ["Lease", "Residency", "ResidencyStats", "buffers_of", "free_buffers"]
