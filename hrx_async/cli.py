@@ -4,9 +4,9 @@
     hrx-async info | doctor        versions, backends, devices (doctor also self-tests)
     hrx-async bench NAME [ARGS]    one of the example programs, optionally as JSON
     hrx-async run --kernel ...     launch one kernel on files and dump its buffers
-    hrx-async trace-plot T -o PNG  draw a saved trace as a lane timeline
+    hrx-async trace-plot T -o PNG  draw a saved (Chrome trace-event) trace as a lane timeline
 
-Exit status: 0 success, 1 failure, 64 usage error.
+Exit status: 0 success, 1 failure, 64 usage error. Errors read `hrx-async COMMAND: error: ...`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
-
-import anyio
 
 from . import __version__
 from .errors import ContractError, HrxError, Unsupported
@@ -31,6 +29,7 @@ from .examples.common import (
     LOOPS,
     Report,
     UsageError,
+    run_on_loop,
     stderr_progress,
 )
 
@@ -47,9 +46,24 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors exit 64 (EX_USAGE) rather than 2."""
 
     def error(self, message: str) -> NoReturn:
+        message = _only_required(self, message)
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _only_required(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's "arguments are required" list, less the positionals that may be empty."""
+    head = "the following arguments are required: "
+    if not message.startswith(head):
+        return message
+    optional = {
+        action.metavar or action.dest
+        for action in parser._actions
+        if not action.option_strings and action.nargs in ("*", "?", argparse.REMAINDER)
+    }
+    names = [name for name in message[len(head) :].split(", ") if name not in optional]
+    return head + ", ".join(names) if names else message
 
 
 def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
@@ -71,7 +85,7 @@ def demo_command(args: argparse.Namespace) -> int:
         f"{args.samples} samples on backend {args.backend!r}",
         force=True,
     )
-    result = anyio.run(gpu_npu_parallel.run, params, args.backend, report, backend=args.loop)
+    result = run_on_loop(gpu_npu_parallel.run, params, args.backend, report, loop=args.loop)
     if result.trace is None:
         raise HrxError("the demo recorded no trace")
     try:
@@ -114,7 +128,20 @@ def _print_info(data: dict[str, Any]) -> None:
     for report in data["backends"]:
         print(_describe_backend(report))
     forced = f" (HRX_BACKEND={data['HRX_BACKEND']})" if data["HRX_BACKEND"] else ""
-    print(f'Runtime(backend="auto") opens: {data["auto"]}{forced}')
+    if data["auto_error"]:
+        print(f"Runtime() fails here{forced}: {data['auto_error']}")
+    else:
+        print(f"Runtime() opens: {data['auto']}{forced}")
+
+
+def _runtime_failure(command: str, data: dict[str, Any]) -> int:
+    """EXIT_FAILURE, said on stderr, when `Runtime()` would fail here; else EXIT_OK."""
+    if not data["auto_error"]:
+        return EXIT_OK
+    print(
+        f"hrx-async {command}: error: Runtime() fails here: {data['auto_error']}", file=sys.stderr
+    )
+    return EXIT_FAILURE
 
 
 def info_command(args: argparse.Namespace) -> int:
@@ -125,7 +152,7 @@ def info_command(args: argparse.Namespace) -> int:
         print(json.dumps(data, default=str))
     else:
         _print_info(data)
-    return EXIT_OK
+    return _runtime_failure("info", data)
 
 
 def doctor_command(args: argparse.Namespace) -> int:
@@ -147,8 +174,14 @@ def doctor_command(args: argparse.Namespace) -> int:
     else:
         for name, problem in data["self_test"].items():
             print(f"  {name}: {'ok' if problem is None else 'FAILED: ' + problem}")
-        print("all checks passed" if not failures else f"{len(failures)} backend(s) failed")
-    return EXIT_FAILURE if failures else EXIT_OK
+        if failures:
+            print(f"{len(failures)} backend(s) failed")
+        elif data["auto_error"]:
+            print("self-tests passed, but Runtime() fails here")
+        else:
+            print("all checks passed")
+    status = _runtime_failure("doctor", data)
+    return EXIT_FAILURE if failures else status
 
 
 # -- bench -------------------------------------------------------------------------------------
@@ -167,7 +200,7 @@ def bench_command(args: argparse.Namespace) -> int:
         forwarded += ["--loop", args.loop]
     if args.json:
         forwarded.append("--json")
-    return main_for(spec(args.name), forwarded, progress=_progress(args))
+    return main_for(spec(args.name), forwarded, progress=_progress(args), prog="hrx-async bench")
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -214,7 +247,7 @@ def run_command(args: argparse.Namespace) -> int:
     except ContractError as exc:
         print(f"hrx-async run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result = anyio.run(run_kernel, run_spec, backend=args.loop)
+    result = run_on_loop(run_kernel, run_spec, loop=args.loop)
     print(report_line(result))
     return EXIT_OK
 
@@ -223,12 +256,15 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def trace_plot_command(args: argparse.Namespace) -> int:
-    from .plot import plot_timeline
-    from .trace import ExecutionTrace
+    from .plot import check_picture_path, load_timeline, plot_timeline
 
-    trace = ExecutionTrace.load(args.trace)
-    plot_timeline(trace, args.output, title=args.title or Path(args.trace).name)
-    print(f"Timeline: {args.output} ({len(trace.events)} regions on {len(trace.lanes)} lanes)")
+    try:
+        check_picture_path(args.output)
+    except ContractError as exc:
+        raise UsageError(str(exc)) from None
+    timeline = load_timeline(args.trace)
+    plot_timeline(timeline, args.output, title=args.title or Path(args.trace).name)
+    print(f"Timeline: {args.output} ({len(timeline.spans)} bars on {len(timeline.rows)} rows)")
     return EXIT_OK
 
 
@@ -240,7 +276,10 @@ def _add_backend_options(parser: argparse.ArgumentParser, default: str | None = 
         "--backend", choices=BACKENDS, default=default, help="GPU backend (default: auto)"
     )
     parser.add_argument(
-        "--loop", choices=LOOPS, default=None if default is None else "asyncio", help="event loop"
+        "--loop",
+        choices=LOOPS,
+        default=None if default is None else "asyncio",
+        help="event loop (default asyncio; trio and uvloop need the extra of that name)",
     )
 
 
@@ -318,8 +357,9 @@ def build_parser() -> Parser:
     plot = commands.add_parser(
         "trace-plot",
         help="draw a trace JSON file as a lane timeline picture",
-        description="Draw a trace written by ExecutionTrace.write (or the demo) as a picture: "
-        "one row per lane, one bar per region, failed regions hatched red.",
+        description="Draw a Chrome trace-event file (from ExecutionTrace.write, the demo, or "
+        "any tool: a traceEvents object or a plain list of events) as a picture: one row per "
+        "lane or thread, one labelled bar per region, failed regions hatched red.",
     )
     plot.add_argument("trace", help="trace JSON file")
     plot.add_argument("-o", "--output", required=True, help="picture file (.png, .svg, ...)")

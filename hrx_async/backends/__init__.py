@@ -34,15 +34,13 @@ def requested_backend(name: str) -> str:
     "auto" defers to HRX_BACKEND when it is set and not empty. ContractError names the
     allowed values, and HRX_BACKEND when the wrong value came from there.
     """
-    source = ""
+    what = "backend"
     if name == "auto":
         forced = os.environ.get("HRX_BACKEND", "")
         if forced:
-            name, source = forced, "HRX_BACKEND "
+            name, what = forced, "HRX_BACKEND"
     if name not in (*GPU_BACKENDS, "auto"):
-        raise ContractError(
-            f"{source}backend must be one of auto, {', '.join(GPU_BACKENDS)}; got {name!r}"
-        )
+        raise ContractError(f"{what} must be one of auto, {', '.join(GPU_BACKENDS)}; got {name!r}")
     return name
 
 

@@ -12,6 +12,7 @@ an unavailable backend), 64 a usage error.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -28,10 +29,13 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 64
 
-LOOPS = ("asyncio", "trio")
+LOOPS = ("asyncio", "trio", "uvloop")
 BACKENDS = ("auto", "sim", "cuda", "hip")
+LOOP_MODULES = {"trio": "trio", "uvloop": "uvloop"}
+"""The package each event loop other than plain asyncio needs; its extra has the loop's name."""
 
 P = TypeVar("P")
+T = TypeVar("T")
 
 
 class UsageError(HrxError, ValueError):
@@ -40,6 +44,31 @@ class UsageError(HrxError, ValueError):
 
 class ExampleFailed(HrxError):
     """The example ran but its result is wrong (a check failed)."""
+
+
+class LoopUnavailable(HrxError):
+    """The event loop asked for is not installed; the message names the extra that brings it."""
+
+
+def run_on_loop(func: Callable[..., Awaitable[T]], *args: Any, loop: str = "asyncio") -> T:
+    """`anyio.run(func, *args)` on `loop`: "asyncio", "trio" or "uvloop" (asyncio on uvloop).
+
+    A loop whose package is missing raises `LoopUnavailable` saying which extra to install.
+    """
+    if loop not in LOOPS:
+        raise UsageError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    module = LOOP_MODULES.get(loop)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise LoopUnavailable(
+                f"--loop {loop} needs {module}, which is not installed: "
+                f'pip install "hrx-async[{loop}]"'
+            ) from None
+    if loop == "uvloop":
+        return anyio.run(func, *args, backend="asyncio", backend_options={"use_uvloop": True})
+    return anyio.run(func, *args, backend=loop)
 
 
 def parse_count(text: str, what: str) -> int:
@@ -107,7 +136,7 @@ class CommonOptions:
 
 
 def split_common(argv: Sequence[str]) -> tuple[CommonOptions, list[str]]:
-    """Take `--backend NAME`, `--loop asyncio|trio`, `--json` and `--help` out of `argv`."""
+    """Take `--backend NAME`, `--loop asyncio|trio|uvloop`, `--json` and `--help` out of `argv`."""
     backend, loop, wants_help, wants_json = "auto", "asyncio", False, False
     rest: list[str] = []
     items = list(argv)
@@ -156,7 +185,8 @@ class ExampleSpec(Generic[P]):
 
 
 COMMON_USAGE = (
-    "options: --backend auto|sim|cuda|hip (default auto), --loop asyncio|trio (default asyncio), "
+    "options: --backend auto|sim|cuda|hip (default auto), --loop asyncio|trio|uvloop "
+    "(default asyncio), "
     "--json (print the results as one JSON object)"
 )
 
@@ -165,13 +195,16 @@ def main_for(
     spec: ExampleSpec[Any],
     argv: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    prog: str | None = None,
 ) -> int:
     """Run an example as a program: parse, run on the chosen loop, map errors to exit codes.
 
     Progress goes to `progress` (by default to stderr when it is a terminal). With
     `--json` the result lines are not printed; one JSON object with the measured values
-    and the lines is printed instead.
+    and the lines is printed instead. Errors are printed as `PROG: error: MESSAGE`, where
+    `prog` (the example's name by default) is how the program was started.
     """
+    prog = prog or spec.name
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, rest = split_common(args)
@@ -181,17 +214,17 @@ def main_for(
             return EXIT_OK
         params = spec.parse(rest)
     except UsageError as exc:
-        return _usage_failure(spec, exc)
+        return _usage_failure(spec, prog, exc)
     if progress is None and sys.stderr.isatty():
         progress = stderr_progress
     report = Report(emit=None if options.json else print, progress_to=progress)
     start = time.perf_counter()
     try:
-        result = anyio.run(spec.run, params, options.backend, report, backend=options.loop)
+        result = run_on_loop(spec.run, params, options.backend, report, loop=options.loop)
     except UsageError as exc:
-        return _usage_failure(spec, exc)
+        return _usage_failure(spec, prog, exc)
     except (HrxError, OSError) as exc:
-        print(f"error: {spec.name}: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if options.json:
         document = {
@@ -207,8 +240,8 @@ def main_for(
     return EXIT_OK
 
 
-def _usage_failure(spec: ExampleSpec[Any], error: UsageError) -> int:
-    print(f"error: {spec.name}: {error}", file=sys.stderr)
+def _usage_failure(spec: ExampleSpec[Any], prog: str, error: UsageError) -> int:
+    print(f"{prog}: error: {error}", file=sys.stderr)
     print(spec.usage, file=sys.stderr)
     return EXIT_USAGE
 
@@ -220,9 +253,11 @@ __all__ = [
     "ExampleFailed",
     "ExampleResult",
     "ExampleSpec",
+    "LoopUnavailable",
     "Report",
     "UsageError",
     "main_for",
     "parse_count",
+    "run_on_loop",
     "split_common",
 ]
