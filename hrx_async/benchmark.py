@@ -8,16 +8,19 @@ It covers the three measurements the project's benchmarks need:
   calls hidden in "async" code show up.
 * `StageTimer` times named stages, optionally synchronizing the device at each boundary so
   queued device work is charged to the stage that issued it.
+* `quiet_gc` collects and freezes the heap before a timed section, so a full garbage
+  collection owed to earlier work does not land in one measurement of a series.
 
 Summaries use nearest-rank percentiles: every reported value is one that was measured.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Literal, Self
@@ -51,6 +54,25 @@ def percentile(sorted_samples: Sequence[float], p: float) -> float:
     # Integer arithmetic for integral p keeps ceil() exact (no 19.000000001 -> 20).
     rank = -(-n * p // 100) if isinstance(p, int) else math.ceil(n * p / 100)
     return float(sorted_samples[rank - 1])
+
+
+@contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Collect, then freeze the survivors until the block ends (and unfreeze them).
+
+    The collection pays now for garbage earlier work left; the freeze keeps the objects
+    alive before the block out of any collection during it, as latency-sensitive services
+    do after start-up. Collections inside the block then scan only what it makes. A heap
+    the caller froze already stays frozen afterwards.
+    """
+    frozen_before = gc.get_freeze_count() > 0
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,4 +315,5 @@ __all__ = [
     "TimedCall",
     "paired",
     "percentile",
+    "quiet_gc",
 ]

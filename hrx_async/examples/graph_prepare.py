@@ -3,7 +3,9 @@
 For 128, 512, 1024 and 2048 nodes: time recording and preparing a chain of
 fills on one 4 KiB buffer, where the runtime infers every edge, against
 preparing the same chain directly on the backend with its order given
-explicitly (no inference). The inferred graph then runs once.
+explicitly (no inference). The inferred graph then runs once. The heap is
+collected and frozen before each timing (`benchmark.quiet_gc`), so a garbage
+collection owed to an earlier size does not land in a later one.
 
 usage: graph_prepare
 """
@@ -15,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from .. import GPU_LOCAL, Runtime
+from ..benchmark import quiet_gc
 from ..lanes.lane import Lane
 from ..ops import Fill
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
@@ -38,17 +41,19 @@ async def run(counts: tuple[int, ...], backend: str, report: Report) -> ExampleR
         native = rt._backend_or_raise()
         for count in counts:
             report.progress(f"{count} nodes", force=True)
-            begin = time.perf_counter()
-            graph = rt.graph(f"chain{count}")
-            for _ in range(count):
-                graph.fill(buffer.view(), 0)
-            prepared = graph.prepare()
-            inferred_us = int((time.perf_counter() - begin) * 1e6)
+            with quiet_gc():
+                begin = time.perf_counter()
+                graph = rt.graph(f"chain{count}")
+                for _ in range(count):
+                    graph.fill(buffer.view(), 0)
+                prepared = graph.prepare()
+                inferred_us = int((time.perf_counter() - begin) * 1e6)
 
-            begin = time.perf_counter()
-            chain = [Fill(buffer.view(), 0) for _ in range(count)]
-            native.prepare_region(Lane.COMPUTE, chain)
-            explicit_us = int((time.perf_counter() - begin) * 1e6)
+            with quiet_gc():
+                begin = time.perf_counter()
+                chain = [Fill(buffer.view(), 0) for _ in range(count)]
+                native.prepare_region(Lane.COMPUTE, chain)
+                explicit_us = int((time.perf_counter() - begin) * 1e6)
 
             if len(prepared.nodes) != count:
                 raise ExampleFailed(f"prepared {len(prepared.nodes)} nodes, recorded {count}")
