@@ -28,11 +28,11 @@ or:      uvicorn --app-dir examples service:app   (HRX_BACKEND, HRX_SLOTS, HRX_B
 # No `from __future__ import annotations`: FastAPI reads the handler's annotations,
 # which name a local dependency.
 
-import argparse
 import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -446,20 +446,37 @@ app = create_app(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until interrupted. Exit status: 0, 1 (the backend cannot open), 64 (usage)."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from hrx_async.backends import resolve
+    from hrx_async.cli import Parser
+    from hrx_async.examples.common import BACKENDS, EXIT_FAILURE, EXIT_OK
+
+    parser = Parser(prog="service.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--backend", default="auto", help="auto, sim, cuda or hip")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="GPU backend")
     parser.add_argument("--slots", type=int, default=4, help="slots per size class")
     parser.add_argument("--batch", type=int, default=16, help="requests per submission at most")
     args = parser.parse_args(argv)
+    for option in ("slots", "batch"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be >= 1, got {getattr(args, option)}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    try:
+        # The app opens its runtime when it starts; say now, without a traceback, if it cannot.
+        resolve(args.backend)
+    except hrx.HrxError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = create_app(args.backend, args.slots, args.batch)
     uvicorn.run(app, host=args.host, port=args.port)
+    return EXIT_OK
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
