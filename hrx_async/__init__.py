@@ -40,6 +40,9 @@ from .memory import (
     shared,
 )
 from .models import (
+    Job,
+    Jobs,
+    JobState,
     Lease,
     PlanCache,
     PlanCacheStats,
@@ -84,6 +87,9 @@ __all__ = [
     "Graph",
     "HostMapping",
     "HrxError",
+    "Job",
+    "JobState",
+    "Jobs",
     "KernelContract",
     "KernelSource",
     "Lane",
