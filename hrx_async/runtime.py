@@ -8,6 +8,7 @@ records, prepares or submits is synchronous; only waiting is async.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -24,7 +25,14 @@ from .backends import GPU_BACKENDS, open_gpu_backend
 from .backends.base import Backend
 from .backends.sim import SimBackend
 from .contract import Access, KernelContract, check_dims
-from .errors import BackendError, Busy, ContractError, DeviceLost, RuntimeClosed
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    Busy,
+    ContractError,
+    DeviceLost,
+    RuntimeClosed,
+)
 from .graph import Graph, GraphPlan
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .lanes.host import HostExecutor
@@ -45,6 +53,7 @@ from .prepared import PreparedGraph
 from .stats import Counters, Statistics
 from .trace import ExecutionTrace, TraceRecorder
 
+NPU_CHOICES = ("auto", "sim", "xrt", None)
 _MAX_SIM_NPUS = 64
 """Each sim NPU is a lane task; more than this is a mistake, not a machine."""
 
@@ -80,7 +89,9 @@ class Runtime:
     """One allocation and scheduling domain over a GPU backend and NPUs.
 
     backend: "auto" (HRX_BACKEND, else cuda, hip, then sim), "sim", "cuda" or "hip".
-    npu: "auto" or "sim" (sim NPUs), or None for no NPU.
+    npu: "auto" (HRX_NPU, else "xrt" when pyxrt imports and `xrt.device(0)` opens, else
+    sim NPUs; `fallback_reasons` says why xrt was skipped), "sim", "xrt" (raises
+    `BackendUnavailable` when it cannot open), or None for no NPU.
     memory_budget: None or bytes >= 1. max_submissions: >= 1. device: >= 0.
     sim_npus: 0..64. label: a string. Integers may be numpy integers, never bools or
     floats; anything else raises `ContractError`.
@@ -114,7 +125,7 @@ class Runtime:
     ) -> None:
         # Names are checked when the backend opens (`async with`), where HRX_BACKEND is read.
         backend = _validate.text(backend, f"backend (auto, {', '.join(GPU_BACKENDS)})", empty=False)
-        npu = _validate.choice(npu, "npu", ("auto", "sim", None))
+        npu = _validate.choice(npu, "npu", NPU_CHOICES)
         if memory_budget is not None:
             memory_budget = _validate.integer(memory_budget, "memory_budget (bytes)", 1)
         max_submissions = _validate.integer(max_submissions, "max_submissions", 1)
@@ -131,7 +142,7 @@ class Runtime:
         self.fallback_reasons: list[str] = []
         self._counters = Counters()
         self._backend: Backend | None = None
-        self._npu_backend: SimBackend | None = None
+        self._npu_backend: Any = None
         self._host: HostExecutor | None = None
         self._scheduler: Scheduler | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -151,11 +162,11 @@ class Runtime:
         backend, reasons = open_gpu_backend(self._backend_name, self._device)
         self._backend = backend
         self.fallback_reasons = reasons
-        if isinstance(backend, SimBackend):
-            backend._npus = self._sim_npus
-            self._npu_backend = backend
-        elif self._sim_npus:
-            self._npu_backend = SimBackend(self._sim_npus, host_array=backend.host_array)
+        try:
+            npus = self._open_npus(backend)
+        except BaseException:
+            backend.close()
+            raise
         self._host = HostExecutor(backend.host_array)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -163,8 +174,37 @@ class Runtime:
         self._scheduler = Scheduler(
             task_group, self._counters, self.max_submissions, self._device_lost
         )
-        self._scheduler.start(self._sim_npus)
+        self._scheduler.start(npus)
         return self
+
+    def _open_npus(self, backend: Backend) -> int:
+        """Choose the NPU backend (see the class docstring); returns how many NPUs it has."""
+        mode = self._npu_mode
+        if mode == "auto":
+            mode = os.environ.get("HRX_NPU", "auto").strip().lower() or "auto"
+            if mode == "none":
+                mode = None
+            elif mode not in NPU_CHOICES:
+                raise ContractError(f"HRX_NPU must be one of auto, sim, xrt, none; got {mode!r}")
+        if mode in ("auto", "xrt"):
+            from .backends import xrt
+
+            try:
+                self._npu_backend = xrt.open_npu_backend(0, backend.host_array)
+            except BackendUnavailable as exc:
+                if mode == "xrt":
+                    raise
+                self.fallback_reasons.append(f"npu: {exc}; using the sim NPU")
+            else:
+                return int(self._npu_backend.npu_count())
+        if mode is None:
+            self._sim_npus = 0
+        if isinstance(backend, SimBackend):
+            backend._npus = self._sim_npus
+            self._npu_backend = backend
+        elif self._sim_npus:
+            self._npu_backend = SimBackend(self._sim_npus, host_array=backend.host_array)
+        return self._sim_npus
 
     async def __aexit__(
         self,
@@ -327,10 +367,11 @@ class Runtime:
                 raise ContractError(
                     f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
                 )
+        allocator = self._allocator(backend, placement)
         if self._budget is not None:
             self._budget.charge(nbytes)
         try:
-            storage = backend.allocate(nbytes, placement)
+            storage = allocator.allocate(nbytes, placement)
         except BaseException as exc:
             if self._budget is not None:
                 self._budget.release(nbytes)
@@ -351,6 +392,20 @@ class Runtime:
             buffer, self._release_storage, buffer.ident, storage, nbytes
         )
         return buffer
+
+    def _allocator(self, backend: Backend, placement: Placement) -> Any:
+        """NPU placements are the NPU backend's memory where it has its own (xrt) and the
+        GPU backend's memory is host memory (sim); otherwise the GPU backend's."""
+        npu = self._npu_backend
+        if (
+            placement.npu is not None
+            and npu is not None
+            and npu is not backend
+            and hasattr(npu, "allocate")
+            and isinstance(backend, SimBackend)
+        ):
+            return npu
+        return backend
 
     def _release_storage(self, ident: int, storage: Any, nbytes: int) -> None:
         self._finalizers.pop(ident, None)

@@ -1,0 +1,388 @@
+"""XRT runs on an NPU lane: prepared programs, their fences, and the queue that polls them.
+
+A prepared NPU region is an `XrtProgram`: one `xrt.run` with every argument
+set, the byte ranges to flush towards the NPU before it starts and to
+invalidate after it ends. A replay is the flushes and `run.start()`; nothing is
+allocated.
+
+Completion is found by reading `run.state()` (a cheap read of the command's
+state word; never `run.wait()`, which holds the interpreter lock for the whole
+wait). States are compared as integers: RUNNING (3) is not in pyxrt's enum.
+While the event loop watches a queue, its sweep polls; otherwise the queue's
+own poller thread does, sleeping between polls. Either way one run per queue
+is in flight, the next starts as soon as the previous one ended.
+
+A watchdog fails a run that is still going after `watchdog_s`. XRT cannot stop
+such a command (pyxrt binds no abort, and a timed-out wait leaves it running),
+so its program and every buffer it binds are quarantined: nothing that binds
+them starts, and nothing frees them, until the run reaches a final state.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, Cancelled
+from .worker import ThreadFence
+
+NEW, QUEUED, RUNNING, COMPLETED, ERROR, ABORT, SUBMITTED = 1, 2, 3, 4, 5, 6, 7
+TIMEOUT, NORESPONSE, SKERROR, SKCRASHED = 8, 9, 10, 11
+STATE_NAMES = {
+    NEW: "NEW",
+    QUEUED: "QUEUED",
+    RUNNING: "RUNNING",
+    COMPLETED: "COMPLETED",
+    ERROR: "ERROR",
+    ABORT: "ABORT",
+    SUBMITTED: "SUBMITTED",
+    TIMEOUT: "TIMEOUT",
+    NORESPONSE: "NORESPONSE",
+    SKERROR: "SKERROR",
+    SKCRASHED: "SKCRASHED",
+}
+IN_FLIGHT = frozenset((NEW, QUEUED, RUNNING, SUBMITTED))
+STICKY = frozenset((NORESPONSE, SKCRASHED))
+"""States after which the device runs nothing more: the runtime is lost."""
+
+TO_DEVICE = 0
+FROM_DEVICE = 1
+"""xclBOSyncDirection values (XCL_BO_SYNC_BO_TO_DEVICE / _FROM_DEVICE)."""
+
+
+class XrtRunError(BackendError):
+    """A run ended in a state other than COMPLETED (or the watchdog gave up on it)."""
+
+    def __init__(self, kernel: str, state: int, message: str = "") -> None:
+        name = STATE_NAMES.get(state, "UNKNOWN")
+        self.state = state
+        self.sticky = state in STICKY
+        text = message or f"kernel {kernel!r} ended in state {name} ({state})"
+        super().__init__("xrt", f"run {kernel}", f"ERT_CMD_STATE_{name}", text)
+
+
+def state_of(run: Any) -> int:
+    return int(run.state())
+
+
+Range = tuple[Any, int, int]
+"""(bo, nbytes, offset): a byte range of a root buffer object to sync."""
+Staging = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], Any]
+"""(host bytes, staging bo bytes, staging bo): an argument copied through its own bo."""
+
+
+class XrtProgram:
+    """One NPU launch prepared for replay."""
+
+    __slots__ = (
+        "flushes",
+        "invalidates",
+        "kernel",
+        "native_graph",
+        "quarantine",
+        "roots",
+        "run",
+        "stage_in",
+        "stage_out",
+    )
+
+    def __init__(
+        self,
+        kernel: str,
+        run: Any,
+        flushes: Sequence[Range],
+        invalidates: Sequence[Range],
+        stage_in: Sequence[Staging],
+        stage_out: Sequence[Staging],
+        roots: Sequence[Any],
+        quarantine: Quarantine,
+    ) -> None:
+        self.kernel = kernel
+        self.run = run
+        self.flushes = tuple(flushes)
+        self.invalidates = tuple(invalidates)
+        self.stage_in = tuple(stage_in)
+        self.stage_out = tuple(stage_out)
+        self.roots = tuple(roots)
+        self.quarantine = quarantine
+        self.native_graph = False
+
+    def launch(self) -> None:
+        """Flush what the NPU reads, then start the prepared run. Raises on refusal."""
+        self.quarantine.check(self)
+        for host, staged, bo in self.stage_in:
+            np.copyto(staged, host)
+            bo.sync(TO_DEVICE)
+        for bo, nbytes, offset in self.flushes:
+            bo.sync(TO_DEVICE, nbytes, offset)
+        self.run.start()
+
+    def complete(self, state: int) -> BaseException | None:
+        """The run ended in `state`: invalidate what it wrote (on success) and judge it."""
+        if state != COMPLETED:
+            return XrtRunError(self.kernel, state)
+        try:
+            for bo, nbytes, offset in self.invalidates:
+                bo.sync(FROM_DEVICE, nbytes, offset)
+            for host, staged, bo in self.stage_out:
+                bo.sync(FROM_DEVICE)
+                np.copyto(host, staged)
+        except Exception as exc:
+            return BackendError("xrt", "bo.sync", "sync failed", str(exc))
+        return None
+
+
+class Quarantine:
+    """Programs whose run outlived the watchdog, and the buffers they bind, until they end."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.programs: list[XrtProgram] = []
+        self.roots: dict[int, tuple[Any, int]] = {}
+        """id(root record) -> (record, how many quarantined programs bind it)."""
+
+    def add(self, program: XrtProgram) -> None:
+        with self.lock:
+            self.programs.append(program)
+            for root in program.roots:
+                _, count = self.roots.get(id(root), (root, 0))
+                self.roots[id(root)] = (root, count + 1)
+
+    def __len__(self) -> int:
+        return len(self.programs)
+
+    def holds(self, record: Any) -> bool:
+        return id(record) in self.roots
+
+    def check(self, program: XrtProgram) -> None:
+        """Raise when `program` is, or binds a buffer of, a run still going after its watchdog."""
+        if not self.programs:
+            return
+        self.release_finished()
+        if program in self.programs:
+            raise BackendError(
+                "xrt",
+                f"run {program.kernel}",
+                "quarantined",
+                "its previous run is still going after the watchdog; it cannot start again",
+            )
+        for root in program.roots:
+            if id(root) in self.roots:
+                raise BackendError(
+                    "xrt",
+                    f"run {program.kernel}",
+                    "quarantined",
+                    f"{root} is bound by a run still going after the watchdog",
+                )
+
+    def release_finished(self) -> int:
+        """Let go of programs whose run has ended; returns how many remain."""
+        with self.lock:
+            keep: list[XrtProgram] = []
+            for program in self.programs:
+                try:
+                    done = state_of(program.run) not in IN_FLIGHT
+                except Exception:
+                    done = False
+                if not done:
+                    keep.append(program)
+                    continue
+                for root in program.roots:
+                    record, count = self.roots[id(root)]
+                    if count <= 1:
+                        del self.roots[id(root)]
+                    else:
+                        self.roots[id(root)] = (record, count - 1)
+            self.programs = keep
+            return len(keep)
+
+
+class _Item:
+    __slots__ = ("fence", "preflight", "program", "started", "waits")
+
+    def __init__(
+        self,
+        program: XrtProgram,
+        waits: tuple[Any, ...],
+        preflight: Callable[[], BaseException | None],
+        fence: ThreadFence,
+    ) -> None:
+        self.program = program
+        self.waits = waits
+        self.preflight = preflight
+        self.fence = fence
+        self.started = 0.0
+
+
+Finished = list[tuple[ThreadFence, BaseException | None, bool]]
+
+
+class XrtQueue:
+    """The NPU lane of one device: FIFO, one run in flight, polled by the loop or a thread."""
+
+    def __init__(self, name: str, watchdog_s: float, quarantine: Quarantine) -> None:
+        self.name = name
+        self.watchdog_s = watchdog_s
+        self.quarantine = quarantine
+        self.lock = threading.Lock()
+        self.backlog: collections.deque[_Item] = collections.deque()
+        self.active: _Item | None = None
+        self.watched = False
+        self._closing = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the loop's side -----------------------------------------------------------------
+
+    def submit(
+        self,
+        program: XrtProgram,
+        waits: Sequence[Any],
+        preflight: Callable[[], BaseException | None],
+    ) -> ThreadFence:
+        fence = ThreadFence()
+        item = _Item(program, tuple(waits), preflight, fence)
+        with self.lock:
+            self.backlog.append(item)
+            finished = self._start_next() if self.active is None else []
+        _finish_all(finished)
+        if not self.watched:
+            self._ensure_poller()
+        return fence
+
+    def watch(self) -> None:
+        self.watched = True
+
+    def unwatch(self) -> None:
+        self.watched = False
+        if self.active is not None or self.backlog:
+            self._ensure_poller()
+
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        with self.lock:
+            finished = self._advance(limit)
+            remaining = self.active is not None or bool(self.backlog)
+        _finish_all(finished)
+        return len(finished), remaining
+
+    def pending(self) -> int:
+        return len(self.backlog) + (self.active is not None)
+
+    def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join(timeout=10)
+
+    # -- shared, under the lock ----------------------------------------------------------
+
+    def _advance(self, limit: int) -> Finished:
+        """Finish the active run if it ended, start the next; at most `limit` fences."""
+        finished: Finished = []
+        while len(finished) < limit:
+            item = self.active
+            if item is None:
+                more = self._start_next()
+                finished.extend(more)
+                if self.active is None or not more:
+                    break
+                continue
+            try:
+                state = state_of(item.program.run)
+            except Exception as exc:
+                error: BaseException | None = BackendError("xrt", "run.state", "failed", str(exc))
+            else:
+                if state in IN_FLIGHT:
+                    if time.perf_counter() - item.started < self.watchdog_s:
+                        break
+                    self.quarantine.add(item.program)
+                    error = XrtRunError(
+                        item.program.kernel,
+                        TIMEOUT,
+                        f"kernel {item.program.kernel!r} still in state "
+                        f"{STATE_NAMES.get(state, state)} after the {self.watchdog_s:g} s "
+                        "watchdog; its buffers stay quarantined until it ends",
+                    )
+                else:
+                    error = item.program.complete(state)
+            item.fence.started_at = item.started
+            self.active = None
+            finished.append((item.fence, error, False))
+            finished.extend(self._start_next())
+        return finished
+
+    def _start_next(self) -> Finished:
+        """Start backlog items until one runs or one must wait (refusals finish at once)."""
+        finished: Finished = []
+        backlog = self.backlog
+        while backlog and self.active is None:
+            item = backlog[0]
+            for dependency in item.waits:
+                if not dependency.query():
+                    return finished
+            backlog.popleft()
+            refusal = item.preflight()
+            if refusal is not None:
+                finished.append((item.fence, refusal, isinstance(refusal, Cancelled)))
+                continue
+            item.started = time.perf_counter()
+            try:
+                item.program.launch()
+            except BaseException as exc:
+                finished.append((item.fence, exc, False))
+                continue
+            self.active = item
+        return finished
+
+    # -- the poller thread ---------------------------------------------------------------
+
+    def _ensure_poller(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._poll, name=self.name, daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _poll(self) -> None:
+        pause = 20e-6
+        while not self._closing:
+            if self.watched or (self.active is None and not self.backlog):
+                self._wake.wait()
+                self._wake.clear()
+                pause = 20e-6
+                continue
+            with self.lock:
+                finished = self._advance(64)
+            _finish_all(finished)
+            if not finished:
+                time.sleep(pause)  # polls get sparser while a long run goes on
+                pause = min(pause * 2, 1e-3)
+            else:
+                pause = 20e-6
+
+
+def _finish_all(finished: Finished) -> None:
+    for fence, error, skipped in finished:
+        if skipped:
+            fence.finish(skipped=True)
+        else:
+            fence.finish(error)
+
+
+__all__ = [
+    "COMPLETED",
+    "IN_FLIGHT",
+    "RUNNING",
+    "STATE_NAMES",
+    "STICKY",
+    "Quarantine",
+    "XrtProgram",
+    "XrtQueue",
+    "XrtRunError",
+    "state_of",
+]
