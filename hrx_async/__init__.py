@@ -40,15 +40,21 @@ from .memory import (
     shared,
 )
 from .models import (
+    DType,
     Job,
     Jobs,
     JobState,
+    Layout,
     Lease,
     PlanCache,
     PlanCacheStats,
     PlanHandle,
     Residency,
     ResidencyStats,
+    Tensor,
+    TensorDesc,
+    bf16_from_f32,
+    f32_from_bf16,
 )
 from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
@@ -78,6 +84,7 @@ __all__ = [
     "CompletionProfile",
     "Constants",
     "ContractError",
+    "DType",
     "DependencyFailed",
     "DeviceLost",
     "ExecutionError",
@@ -93,6 +100,7 @@ __all__ = [
     "KernelContract",
     "KernelSource",
     "Lane",
+    "Layout",
     "Lease",
     "MemoryBudget",
     "NpuDevice",
@@ -111,10 +119,14 @@ __all__ = [
     "Slot",
     "SlotPool",
     "Statistics",
+    "Tensor",
+    "TensorDesc",
     "TraceEvent",
     "Unsupported",
     "View",
     "__version__",
+    "bf16_from_f32",
+    "f32_from_bf16",
     "npu_local",
     "shared",
 ]

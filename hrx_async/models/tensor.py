@@ -1,0 +1,319 @@
+"""Checked tensor descriptors, and tensors over views of runtime buffers.
+
+    desc = TensorDesc(DType.F32, (2, 3), strides=(4, 1))   # nbytes == 28: the full extent
+    t = Tensor(desc, buffer.view())                         # the view must hold desc.nbytes
+    await t.write(np.ones((2, 3), np.float32))             # host-mappable placements
+    array = await t.read()
+
+Rules (the original's): dtypes u8 (1 byte), f16 and bf16 (2), i32, u32 and f32 (4),
+i64 (8); layouts general (any rank), NCHW and NHWC (rank 4) and rows (rank 2); strides
+are in elements, row-major by default, each > 0, and no two elements overlap (taken in
+stride order, each dimension steps past the whole extent of the smaller ones); an empty
+shape is a scalar (one element); a zero dimension makes the tensor empty (0 bytes);
+`nbytes` is the full extent from the first to the last element. Bad input raises
+`ContractError` and makes nothing. bf16 values are held in numpy as their uint16 bits
+(`bf16_from_f32`, `f32_from_bf16`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ContractError
+from ..memory import View
+from . import _check
+
+
+class DType(enum.Enum):
+    U8 = "u8"
+    F16 = "f16"
+    BF16 = "bf16"
+    I32 = "i32"
+    U32 = "u32"
+    F32 = "f32"
+    I64 = "i64"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        """The numpy dtype holding it (bf16: its uint16 bits)."""
+        return np.dtype(_NUMPY[self])
+
+    @classmethod
+    def of(cls, value: object) -> DType:
+        """A DType from a DType, its name ("f32"), a numpy dtype, or a torch/cupy dtype."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str) and value.lower() in _BY_NAME:
+            return _BY_NAME[value.lower()]
+        text = str(value).removeprefix("torch.")
+        if text in _BY_NAME:
+            return _BY_NAME[text]
+        try:
+            found = np.dtype(value)  # type: ignore[call-overload]
+        except TypeError:
+            found = None
+        if found is not None and found.str.lstrip("<=|") in _BY_NUMPY:
+            return _BY_NUMPY[found.str.lstrip("<=|")]
+        names = ", ".join(d.value for d in cls)
+        raise ContractError(f"unsupported dtype {_check.shown(value)}; supported: {names}")
+
+
+_ITEMSIZE = {
+    DType.U8: 1, DType.F16: 2, DType.BF16: 2, DType.I32: 4, DType.U32: 4, DType.F32: 4,
+    DType.I64: 8,
+}
+_NUMPY = {
+    DType.U8: "u1", DType.F16: "f2", DType.BF16: "u2", DType.I32: "i4", DType.U32: "u4",
+    DType.F32: "f4", DType.I64: "i8",
+}
+_BY_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.BF16}
+_BY_NAME = {d.value: d for d in DType} | {
+    "uint8": DType.U8, "float16": DType.F16, "bfloat16": DType.BF16, "int32": DType.I32,
+    "uint32": DType.U32, "float32": DType.F32, "int64": DType.I64,
+}
+
+
+class Layout(enum.Enum):
+    GENERAL = "general"
+    NCHW = "nchw"
+    NHWC = "nhwc"
+    ROWS = "rows"
+
+
+_RANK = {Layout.NCHW: 4, Layout.NHWC: 4, Layout.ROWS: 2}
+
+
+def row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides, in elements, of `shape`."""
+    strides: list[int] = []
+    step = 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class TensorDesc:
+    """dtype, shape, strides (elements) and layout, checked when made."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    layout: Layout
+
+    def __init__(
+        self,
+        dtype: DType | str,
+        shape: Sequence[int],
+        strides: Sequence[int] | None = None,
+        layout: Layout | str = Layout.GENERAL,
+    ) -> None:
+        dtype = DType.of(dtype)
+        if not isinstance(shape, Sequence) or isinstance(shape, str | bytes):
+            raise ContractError(f"a shape is a sequence of integers, got {_check.shown(shape)}")
+        dims = tuple(
+            _check.integer(d, f"dimension {i} of shape {shape!r}") for i, d in enumerate(shape)
+        )
+        try:
+            layout = Layout(layout.lower() if isinstance(layout, str) else layout)
+        except ValueError:
+            names = ", ".join(x.value for x in Layout)
+            raise ContractError(f"unknown layout {layout!r}; allowed: {names}") from None
+        rank = _RANK.get(layout)
+        if rank is not None and len(dims) != rank:
+            raise ContractError(f"a {layout.value} tensor has rank {rank}, got shape {dims}")
+        if strides is None:
+            steps = row_major(dims)
+        else:
+            if not isinstance(strides, Sequence) or len(strides) != len(dims):
+                raise ContractError(
+                    f"strides must be {len(dims)} integers for shape {dims}, got "
+                    f"{_check.shown(strides)}"
+                )
+            steps = tuple(
+                _check.integer(s, f"stride {i} of {strides!r}", 1) for i, s in enumerate(strides)
+            )
+            _check_no_overlap(dims, steps)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "strides", steps)
+        object.__setattr__(self, "layout", layout)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def empty(self) -> bool:
+        return self.numel == 0
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == row_major(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes from the first element to the end of the last one (0 when empty)."""
+        if self.empty:
+            return 0
+        last = sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
+        return (last + 1) * self.dtype.itemsize
+
+    @property
+    def byte_strides(self) -> tuple[int, ...]:
+        return tuple(s * self.dtype.itemsize for s in self.strides)
+
+    @classmethod
+    def of_array(cls, array: Any, layout: Layout | str = Layout.GENERAL) -> TensorDesc:
+        """The descriptor of a numpy array (its dtype and shape, row-major)."""
+        array = np.asarray(array)
+        return cls(DType.of(array.dtype), array.shape, None, layout)
+
+    def __str__(self) -> str:
+        return f"{self.dtype.value}{list(self.shape)}"
+
+
+def _check_no_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    """Dimensions sorted by stride must each step past the whole extent of the smaller ones."""
+    if 0 in shape:
+        return
+    dims = sorted((s, d) for d, s in zip(shape, strides, strict=True) if d > 1)
+    extent = 1
+    for stride, dim in dims:
+        if stride < extent:
+            raise ContractError(
+                f"strides {strides} overlap for shape {shape}: a stride of {stride} is inside "
+                f"the {extent}-element extent of the dimensions with smaller strides"
+            )
+        extent = stride * (dim - 1) + extent
+    return
+
+
+class Tensor:
+    """A descriptor over a view of a runtime buffer that holds `desc.nbytes`."""
+
+    __slots__ = ("desc", "view")
+
+    def __init__(self, desc: TensorDesc, view: View) -> None:
+        if not isinstance(desc, TensorDesc):
+            raise ContractError(f"a Tensor takes a TensorDesc, got {_check.shown(desc)}")
+        if not isinstance(view, View):
+            raise ContractError(f"a Tensor lives in a View, got {_check.shown(view)}")
+        view.buffer.check_alive()
+        if desc.nbytes > view.nbytes:
+            raise ContractError(f"{desc} needs {desc.nbytes} bytes; {view} has {view.nbytes}")
+        self.desc = desc
+        self.view = view
+
+    dtype = property(lambda self: self.desc.dtype)
+    shape = property(lambda self: self.desc.shape)
+    nbytes = property(lambda self: self.desc.nbytes)
+
+    @property
+    def data(self) -> View:
+        """The bytes the tensor spans (its view, cut to `nbytes`; the view when empty)."""
+        n = self.desc.nbytes
+        return self.view if n in (0, self.view.nbytes) else self.view.slice(0, n)
+
+    def host_array(self, memory: memoryview) -> np.ndarray[Any, Any]:
+        """The tensor as a numpy array over mapped `memory` of its view (no copy)."""
+        desc = self.desc
+        raw = np.frombuffer(memory, np.uint8, count=desc.nbytes)
+        if desc.empty:
+            return np.zeros(desc.shape, desc.dtype.numpy)
+        return np.lib.stride_tricks.as_strided(
+            raw.view(desc.dtype.numpy),
+            desc.shape,
+            desc.byte_strides,
+            writeable=not memory.readonly,
+        )
+
+    def check_array(self, array: Any) -> np.ndarray[Any, Any]:
+        """`array` as numpy, when its dtype and shape are the tensor's (else `ContractError`)."""
+        array = np.asarray(array)
+        dtype = DType.of(array.dtype) if array.dtype != np.uint16 else None
+        wanted = self.desc.dtype
+        ok_dtype = dtype is wanted or (wanted is DType.BF16 and array.dtype == np.uint16)
+        if not ok_dtype or array.shape != self.desc.shape:
+            raise ContractError(
+                f"expected {self.desc} ({wanted.numpy} in numpy), got {array.dtype}"
+                f"{list(array.shape)}"
+            )
+        return array
+
+    async def write(self, array: Any) -> None:
+        """Write a numpy array into a host-mappable tensor (waits for conflicting work)."""
+        array = self.check_array(array)
+        if self.desc.empty:
+            return
+        async with self.data.map_write() as memory:
+            self.host_array(memory)[...] = array
+
+    async def read(self) -> np.ndarray[Any, Any]:
+        """A numpy copy of a host-mappable tensor (waits for pending writes)."""
+        if self.desc.empty:
+            return np.zeros(self.desc.shape, self.desc.dtype.numpy)
+        async with self.data.map_read() as memory:
+            return np.array(self.host_array(memory))
+
+    def to_dlpack(self, xp: Any) -> Any:
+        """The tensor in another array library, zero-copy through DLPack: `xp` is numpy,
+        cupy or torch (GPU memory needs cupy or torch on the GPU backend)."""
+        desc = self.desc
+        if desc.empty:
+            raise ContractError("an empty tensor has no bytes to share")
+        raw = xp.from_dlpack(self.data)
+        if getattr(xp, "__name__", "") == "torch":
+            torch_dtype = getattr(xp, _TORCH[desc.dtype])
+            return raw.view(torch_dtype).as_strided(desc.shape, desc.strides)
+        typed = raw.view(desc.dtype.numpy)
+        strided = getattr(xp, "lib", np.lib).stride_tricks.as_strided
+        return strided(typed, desc.shape, desc.byte_strides)
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.desc} {self.desc.layout.value} in {self.view}>"
+
+
+_TORCH = {
+    DType.U8: "uint8", DType.F16: "float16", DType.BF16: "bfloat16", DType.I32: "int32",
+    DType.U32: "uint32", DType.F32: "float32", DType.I64: "int64",
+}
+
+
+def bf16_from_f32(values: Any) -> np.ndarray[Any, np.dtype[np.uint16]]:
+    """bf16 bits of float32 values, rounded to nearest even (NaN stays NaN)."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(np.asarray(values, np.float32))
+    out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+    return out
+
+
+def f32_from_bf16(bits: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+__all__ = [
+    "DType",
+    "Layout",
+    "Tensor",
+    "TensorDesc",
+    "bf16_from_f32",
+    "f32_from_bf16",
+    "row_major",
+]
