@@ -76,7 +76,7 @@ def test_non_overlap_matches_brute_force(shape: list[int], strides: list[int]) -
 
 
 def test_bf16_round_trip() -> None:
-    values = np.array([1.0, -2.5, 3.140625, 65504.0], np.float32)
+    values = np.array([1.0, -2.5, 3.140625, 65536.0, 0.15625], np.float32)
     assert (hrx.f32_from_bf16(hrx.bf16_from_f32(values)) == values).all()
     assert hrx.bf16_from_f32(np.float32(1.00390625)).item() == 0x3F80  # ties to even
 
