@@ -471,6 +471,8 @@ class Runtime:
             snapshot,
             native_graphs_prepared=sum(b.native_graphs_prepared for b in unique),
             copy_streams_created=sum(b.copy_streams_created for b in unique),
+            cache_maintenance_bytes=snapshot.cache_maintenance_bytes
+            + sum(getattr(b, "cache_maintenance_bytes", 0) for b in unique),
         )
 
     def start_trace(self, capacity: int = 65536) -> None:

@@ -43,7 +43,7 @@ from ..lanes.lane import Lane
 from ..memory import Placement, PlacementKind, View
 from ..ops import NpuLaunch, Op
 from .base import HostArray, QueueKey
-from .xrt_runs import FROM_DEVICE, TO_DEVICE, Quarantine, XrtProgram, XrtQueue
+from .xrt_runs import FROM_DEVICE, TO_DEVICE, Quarantine, SyncCounter, XrtProgram, XrtQueue
 
 INSTALL = (
     "pyxrt comes with XRT, not from PyPI (PyPI's 'xrt' is an unrelated package): install XRT "
@@ -205,6 +205,7 @@ class XrtBackend:
         self.native_graphs_prepared = 0
         self.copy_streams_created = 0
         self.quarantine = Quarantine()
+        self.synced = SyncCounter()
         self._contexts: dict[str, Any] = {}
         self._kernels: dict[tuple[str, str, str], XrtKernel] = {}
         self._queues: dict[QueueKey, XrtQueue] = {}
@@ -375,6 +376,7 @@ class XrtBackend:
             stage_out,
             roots,
             self.quarantine,
+            self.synced,
         )
 
     def _sub_bo(self, record: BoRecord, view: View) -> Any:
@@ -394,6 +396,10 @@ class XrtBackend:
         bo = self.xrt.bo(self.device, view.nbytes, self.xrt.bo.host_only, group)
         staged = np.frombuffer(bo.map(), dtype=np.uint8)
         return host, staged, bo
+
+    @property
+    def cache_maintenance_bytes(self) -> int:
+        return self.synced.nbytes
 
     def describe(self) -> dict[str, Any]:
         return {

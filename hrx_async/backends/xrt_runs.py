@@ -76,10 +76,20 @@ Staging = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], Any]
 """(host bytes, staging bo bytes, staging bo): an argument copied through its own bo."""
 
 
+class SyncCounter:
+    """Bytes flushed or invalidated by `bo.sync`, for the runtime's statistics."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+
+
 class XrtProgram:
     """One NPU launch prepared for replay."""
 
     __slots__ = (
+        "counter",
         "flushes",
         "invalidates",
         "kernel",
@@ -101,7 +111,9 @@ class XrtProgram:
         stage_out: Sequence[Staging],
         roots: Sequence[Any],
         quarantine: Quarantine,
+        counter: SyncCounter,
     ) -> None:
+        self.counter = counter
         self.kernel = kernel
         self.run = run
         self.flushes = tuple(flushes)
@@ -115,11 +127,15 @@ class XrtProgram:
     def launch(self) -> None:
         """Flush what the NPU reads, then start the prepared run. Raises on refusal."""
         self.quarantine.check(self)
+        synced = 0
         for host, staged, bo in self.stage_in:
             np.copyto(staged, host)
             bo.sync(TO_DEVICE)
+            synced += staged.nbytes
         for bo, nbytes, offset in self.flushes:
             bo.sync(TO_DEVICE, nbytes, offset)
+            synced += nbytes
+        self.counter.nbytes += synced
         self.run.start()
 
     def complete(self, state: int) -> BaseException | None:
@@ -129,9 +145,11 @@ class XrtProgram:
         try:
             for bo, nbytes, offset in self.invalidates:
                 bo.sync(FROM_DEVICE, nbytes, offset)
+                self.counter.nbytes += nbytes
             for host, staged, bo in self.stage_out:
                 bo.sync(FROM_DEVICE)
                 np.copyto(host, staged)
+                self.counter.nbytes += staged.nbytes
         except Exception as exc:
             return BackendError("xrt", "bo.sync", "sync failed", str(exc))
         return None
@@ -381,6 +399,7 @@ __all__ = [
     "STATE_NAMES",
     "STICKY",
     "Quarantine",
+    "SyncCounter",
     "XrtProgram",
     "XrtQueue",
     "XrtRunError",
