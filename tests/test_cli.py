@@ -182,7 +182,7 @@ def test_info_reports_backends(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "sim: available" in out
     assert "numpy:" in out
-    assert 'Runtime(backend="auto") opens:' in out
+    assert "Runtime() opens:" in out
 
 
 def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -536,7 +536,7 @@ def test_trace_plot_draws_a_picture(tmp_path: Path, capsys: pytest.CaptureFixtur
     sample_trace(trace)
     validate_trace(trace)
     assert main(["trace-plot", str(trace), "-o", str(picture)]) == EXIT_OK
-    assert "3 regions on 3 lanes" in capsys.readouterr().out
+    assert "3 bars on 3 rows" in capsys.readouterr().out
     decode_png(picture)
 
 
