@@ -4,18 +4,31 @@ Public names come through `hrx_async`; these modules build only on the runtime's
 API (runtimes, buffers, views, graphs, prepared graphs, completions, slots).
 """
 
+from .artifacts import (
+    ArtifactError,
+    MislabeledArtifact,
+    OversizedArtifact,
+    TruncatedArtifact,
+    Weights,
+    load_safetensors,
+    read_safetensors_header,
+    write_safetensors,
+)
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
 from .residency import Lease, Residency, ResidencyStats
 from .tensor import DType, Layout, Tensor, TensorDesc, bf16_from_f32, f32_from_bf16
 
 __all__ = [
+    "ArtifactError",
     "DType",
     "Job",
     "JobState",
     "Jobs",
     "Layout",
     "Lease",
+    "MislabeledArtifact",
+    "OversizedArtifact",
     "PlanCache",
     "PlanCacheStats",
     "PlanHandle",
@@ -23,6 +36,11 @@ __all__ = [
     "ResidencyStats",
     "Tensor",
     "TensorDesc",
+    "TruncatedArtifact",
+    "Weights",
     "bf16_from_f32",
     "f32_from_bf16",
+    "load_safetensors",
+    "read_safetensors_header",
+    "write_safetensors",
 ]
