@@ -16,7 +16,7 @@ import pytest
 
 import hrx_async
 from hrx_async import doctor
-from hrx_async.backends import cuda, probe, resolve
+from hrx_async.backends import cuda, probe
 from hrx_async.cli import main
 from hrx_async.errors import BackendUnavailable, ContractError
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -117,6 +117,8 @@ def test_info_names_the_backend_runtime_opens(
 
 
 def test_resolve_follows_the_auto_order() -> None:
+    from hrx_async.backends import resolve
+
     down = {"available": False, "reason": "absent", "install": "get it"}
     up = {"available": True}
     assert resolve("auto", {"cuda": down, "hip": up, "sim": up}) == "hip"

@@ -15,7 +15,6 @@ import anyio
 import pytest
 
 from hrx_async import kernel_cache
-from hrx_async.benchmark import quiet_gc
 from hrx_async.cli import main
 from hrx_async.examples import graph_prepare
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Report
@@ -189,6 +188,8 @@ def test_graph_prepare_collects_before_each_size(monkeypatch: pytest.MonkeyPatch
 
 
 def test_quiet_gc_freezes_for_the_block_and_keeps_a_callers_freeze() -> None:
+    from hrx_async.benchmark import quiet_gc
+
     assert gc.get_freeze_count() == 0
     with quiet_gc():
         assert gc.get_freeze_count() > 0
