@@ -141,7 +141,8 @@ def timeline_from_chrome(data: Any) -> Timeline:
         if not isinstance(raw, Mapping):
             raise ContractError(f"{where} is not an object: {raw!r}")
         phase = raw.get("ph")
-        args = raw.get("args") if isinstance(raw.get("args"), Mapping) else {}
+        given = raw.get("args")
+        args: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
         thread = _thread(raw)
         if phase == "M" and raw.get("name") in ("thread_name", "process_name"):
             if raw["name"] == "thread_name":
