@@ -142,9 +142,9 @@ class uuid:
 
 class xclbin:
     class xclbinkernel:
-        def __init__(self, name: str = "", num_args: int = 0) -> None:
-            self._name = name
-            self._num_args = num_args
+        def __init__(self) -> None:
+            self._name = ""
+            self._num_args = 0
 
         def get_name(self) -> str:
             return self._name
@@ -168,7 +168,7 @@ class xclbin:
         try:
             meta = json.loads(data[len(XCLBIN_MAGIC) :])
             self._uuid = uuid(meta["uuid"])
-            self._kernels = [xclbin.xclbinkernel(k["name"], k["num_args"]) for k in meta["kernels"]]
+            self._kernels = [_kernel_info(k["name"], int(k["num_args"])) for k in meta["kernels"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"Invalid xclbin file: {args[0]}") from exc
 
@@ -180,6 +180,12 @@ class xclbin:
 
     def get_xsa_name(self) -> str:
         return "fake"
+
+
+def _kernel_info(name: str, num_args: int) -> xclbin.xclbinkernel:
+    info = xclbin.xclbinkernel()
+    info._name, info._num_args = name, num_args
+    return info
 
 
 def write_xclbin(path: str | Path, kernels: dict[str, int], ident: str | None = None) -> Path:
@@ -214,7 +220,9 @@ class device:
         return xclbin.get_uuid()
 
     def load_xclbin(self, xclbin: Any) -> uuid:
-        return self.register_xclbin(xclbin if not isinstance(xclbin, str) else globals()["xclbin"](xclbin))
+        return self.register_xclbin(
+            xclbin if not isinstance(xclbin, str) else globals()["xclbin"](xclbin)
+        )
 
     def get_xclbin_uuid(self) -> uuid:
         return next(iter(self._xclbins), uuid("00000000-0000-0000-0000-000000000000"))
@@ -300,7 +308,7 @@ class bo:
             parent, size, offset = args
             if parent._offset or parent._parent is not None:
                 raise RuntimeError("sub-buffer of a sub-buffer")
-            if not (0 <= offset and offset + size <= parent._size):
+            if not (offset >= 0 and offset + size <= parent._size):
                 raise RuntimeError("sub-buffer out of range")
             self._memory, self._offset, self._size = parent._memory, int(offset), int(size)
             self._parent: bo | None = parent
@@ -324,7 +332,7 @@ class bo:
     def _host(self) -> np.ndarray[Any, Any]:
         return self._memory.host[self._offset : self._offset + self._size]
 
-    def device_bytes(self) -> np.ndarray[Any, Any]:
+    def _device_bytes(self) -> np.ndarray[Any, Any]:
         """The device's copy (test inspection)."""
         return self._memory.device[self._offset : self._offset + self._size]
 
@@ -429,7 +437,9 @@ class run:
             FAKE.starts += 1
             self._state = ert_cmd_state.ERT_CMD_STATE_SUBMITTED
             self._deadline = time.perf_counter() + FAKE.latency_s
-            self._ends_in = FAKE.faults.pop(0) if FAKE.faults else ert_cmd_state.ERT_CMD_STATE_COMPLETED
+            self._ends_in = (
+                FAKE.faults.pop(0) if FAKE.faults else ert_cmd_state.ERT_CMD_STATE_COMPLETED
+            )
             if FAKE.hang_next:
                 FAKE.hang_next -= 1
                 self._hang = True
@@ -454,18 +464,19 @@ class run:
     def _execute(self) -> None:
         assert self._kernel is not None
         reference = FAKE.references.get(self._kernel._name)
-        if reference is None:
-            raise RuntimeError(f"no reference registered for kernel {self._kernel._name!r}")
-        opcode, insts, count = (self._args.get(i) for i in range(3))
+        if reference is None:  # nothing to run it with: the command fails
+            self._ends_in = ert_cmd_state.ERT_CMD_STATE_ERROR
+            return
+        _opcode, insts, count = (self._args.get(i) for i in range(3))
         if not isinstance(insts, bo) or not isinstance(count, int) or count <= 0:
             self._ends_in = ert_cmd_state.ERT_CMD_STATE_ERROR
             return
-        words = insts.device_bytes().view(np.uint32)
+        words = insts._device_bytes().view(np.uint32)
         if count > words.size or not words[:count].any():
             self._ends_in = ert_cmd_state.ERT_CMD_STATE_ERROR  # instructions never synced
             return
         buffers = [self._args[i] for i in sorted(self._args) if i >= 3]
-        reference([b.device_bytes() for b in buffers if isinstance(b, bo)])
+        reference([b._device_bytes() for b in buffers if isinstance(b, bo)])
 
     def wait(self, *args: Any) -> Any:
         if len(args) > 1:

@@ -7,6 +7,7 @@ any call made from an event loop's thread.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from hrx_async.errors import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-import fake_pyxrt  # noqa: E402
+import fake_pyxrt
 
 pytestmark = pytest.mark.anyio
 N = 64
@@ -123,7 +124,9 @@ async def test_pipelined_replays_and_polling_thread(fake: ModuleType, artifacts:
     fake_pyxrt.FAKE.latency_s = 0.004  # longer than the loop polls: the queue's thread finishes
     async with hrx.Runtime(backend="sim", npu="xrt") as rt:
         kernel = load(rt, artifacts)
-        pairs = [(rt.allocate(N, hrx.npu_local(0)), rt.allocate(N, hrx.npu_local(0))) for _ in range(3)]
+        pairs = [
+            (rt.allocate(N, hrx.npu_local(0)), rt.allocate(N, hrx.npu_local(0))) for _ in range(3)
+        ]
         steps = []
         for index, (a, c) in enumerate(pairs):
             await write(a.view(), np.full(N // 4, index, np.int32))
@@ -202,15 +205,57 @@ async def test_bad_input_is_typed_and_changes_nothing(fake: ModuleType, artifact
     (tmp / "empty.bin").write_bytes(b"")
     source = xrt_backend.xrt_source
     cases = [
-        (source(tmp / "missing.xclbin", artifacts["insts"]), "MLIR_AIE", 1, contract(), "does not exist"),
-        (source(tmp / "bad.xclbin", artifacts["insts"]), "MLIR_AIE", 1, contract(), "not a readable"),
-        (source(artifacts["xclbin"], tmp / "missing.bin"), "MLIR_AIE", 1, contract(), "cannot read"),
+        (
+            source(tmp / "missing.xclbin", artifacts["insts"]),
+            "MLIR_AIE",
+            1,
+            contract(),
+            "does not exist",
+        ),
+        (
+            source(tmp / "bad.xclbin", artifacts["insts"]),
+            "MLIR_AIE",
+            1,
+            contract(),
+            "not a readable",
+        ),
+        (
+            source(artifacts["xclbin"], tmp / "missing.bin"),
+            "MLIR_AIE",
+            1,
+            contract(),
+            "cannot read",
+        ),
         (source(artifacts["xclbin"], tmp / "odd.bin"), "MLIR_AIE", 1, contract(), "whole 32-bit"),
         (source(artifacts["xclbin"], tmp / "bad.txt"), "MLIR_AIE", 1, contract(), "line 2"),
-        (source(artifacts["xclbin"], tmp / "empty.bin"), "MLIR_AIE", 1, contract(), "no instructions"),
-        (source(artifacts["xclbin"], artifacts["insts"]), "NOPE", 1, contract(), "no kernel 'NOPE'"),
-        (source(artifacts["xclbin"], artifacts["insts"]), "SMALL", 1, contract(), "takes 4 arguments"),
-        (source(artifacts["xclbin"], artifacts["insts"]), "MLIR_AIE", 5, contract(), "1..4 columns"),
+        (
+            source(artifacts["xclbin"], tmp / "empty.bin"),
+            "MLIR_AIE",
+            1,
+            contract(),
+            "no instructions",
+        ),
+        (
+            source(artifacts["xclbin"], artifacts["insts"]),
+            "NOPE",
+            1,
+            contract(),
+            "no kernel 'NOPE'",
+        ),
+        (
+            source(artifacts["xclbin"], artifacts["insts"]),
+            "SMALL",
+            1,
+            contract(),
+            "takes 4 arguments",
+        ),
+        (
+            source(artifacts["xclbin"], artifacts["insts"]),
+            "MLIR_AIE",
+            5,
+            contract(),
+            "1..4 columns",
+        ),
         (source(artifacts["xclbin"], artifacts["insts"]), "MLIR_AIE", 0, contract(), "columns"),
         (hrx.KernelSource(host=affine), "MLIR_AIE", 1, contract(), "binary"),
         (
@@ -225,9 +270,14 @@ async def test_bad_input_is_typed_and_changes_nothing(fake: ModuleType, artifact
         state = fake_pyxrt.FAKE
         before = (state.contexts_created, state.bos_created, state.registered, rt.statistics())
         for src, name, columns, con, message in cases:
-            with pytest.raises(ContractError, match=message):
+            with pytest.raises(ContractError, match=re.escape(message)):
                 rt.npu(0).load_artifact(src, name, columns, con)
-        assert (state.contexts_created, state.bos_created, state.registered, rt.statistics()) == before
+        assert (
+            state.contexts_created,
+            state.bos_created,
+            state.registered,
+            rt.statistics(),
+        ) == before
         kernel = load(rt, artifacts)
         host = rt.allocate(N, hrx.HOST_VISIBLE)
         c = rt.allocate(N, hrx.npu_local(0))

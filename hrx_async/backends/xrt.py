@@ -113,7 +113,7 @@ class BoRecord:
         return f"<xrt bo {self.nbytes} bytes {self.placement}>"
 
 
-class BoArray(np.ndarray):  # type: ignore[type-arg]
+class BoArray(np.ndarray):
     """Host bytes of a buffer object; every slice keeps the buffer object alive."""
 
     record: BoRecord | None
@@ -261,7 +261,8 @@ class XrtBackend:
             )
         if contract.constants:
             raise ContractError(
-                f"NPU program {name!r} takes no scalar constants, got {len(contract.constants)} bytes"
+                f"NPU program {name!r} takes no scalar constants, "
+                f"got {len(contract.constants)} bytes"
             )
         binary = dict(source.binary)
         if "xclbin" not in binary or "insts" not in binary:
@@ -457,9 +458,11 @@ def xrt_version() -> str | None:
 def doctor_lines() -> list[tuple[str, bool]]:
     """(line, ok) pairs for `hrx-async doctor`: pyxrt, XRT version, /dev/accel, a self-test."""
     lines: list[tuple[str, bool]] = []
-    accel = sorted(str(p) for p in Path("/dev/accel").glob("accel*")) if Path(
-        "/dev/accel"
-    ).is_dir() else []
+    accel = (
+        sorted(str(p) for p in Path("/dev/accel").glob("accel*"))
+        if Path("/dev/accel").is_dir()
+        else []
+    )
     try:
         module = import_pyxrt()
     except BackendUnavailable as exc:
