@@ -14,6 +14,7 @@ from .artifacts import (
     read_safetensors_header,
     write_safetensors,
 )
+from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
 from .residency import Lease, Residency, ResidencyStats
@@ -28,12 +29,16 @@ __all__ = [
     "Layout",
     "Lease",
     "MislabeledArtifact",
+    "ModelContext",
+    "ModelSlot",
     "OversizedArtifact",
     "PlanCache",
     "PlanCacheStats",
     "PlanHandle",
+    "PreparedModel",
     "Residency",
     "ResidencyStats",
+    "SlotIO",
     "Tensor",
     "TensorDesc",
     "TruncatedArtifact",

@@ -1,0 +1,103 @@
+"""Model context and prepared models with slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import hrx_async as hrx
+from hrx_async import ModelContext, PreparedModel, SlotIO, TensorDesc
+
+pytestmark = pytest.mark.anyio
+N = 64
+
+
+def double(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    arrays[1].view(np.float32)[:] = arrays[0].view(np.float32) * 2
+
+
+def factory(kernel: hrx.GpuKernel, log: list[int]) -> Any:
+    def build(ctx: ModelContext, index: int) -> SlotIO:
+        log.append(index)
+        x = ctx.tensor(TensorDesc("f32", (N,)), hrx.GPU_LOCAL, f"x{index}")
+        y = ctx.tensor(TensorDesc("f32", (N,)), hrx.GPU_LOCAL, f"y{index}")
+        g = ctx.runtime.graph("double")
+        g.gpu(kernel, [x.view, y.view])
+        return SlotIO({"x": x}, {"y": y}, g.prepare())
+
+    return build
+
+
+def load_double(rt: hrx.Runtime) -> hrx.GpuKernel:
+    contract = hrx.KernelContract(
+        [hrx.Binding(N * 4, hrx.Access.READ), hrx.Binding(N * 4, hrx.Access.WRITE)]
+    )
+    return rt.load_gpu_kernel(hrx.KernelSource(host=double), "double", (1,), (N,), contract)
+
+
+async def test_context_transfers() -> None:
+    async with hrx.Runtime("sim") as rt:
+        ctx = ModelContext(rt)
+        a = ctx.tensor(TensorDesc("i32", (4, 4)), hrx.GPU_LOCAL)
+        b = ctx.tensor(TensorDesc("i32", (4, 4)), hrx.GPU_LOCAL)
+        values = np.arange(16, dtype=np.int32).reshape(4, 4)
+        await ctx.upload(a, values)
+        await ctx.copy(b, a)
+        assert (await ctx.download(b) == values).all()
+        with pytest.raises(hrx.ContractError):
+            await ctx.upload(a, values.astype(np.int64))
+        with pytest.raises(hrx.ContractError):
+            await ctx.copy(ctx.tensor(TensorDesc("f32", (4, 4)), hrx.GPU_LOCAL), a)
+
+
+async def test_slots_run_concurrently_with_reused_staging() -> None:
+    async with hrx.Runtime("sim") as rt:
+        built: list[int] = []
+        model = PreparedModel(ModelContext(rt), 2, factory(load_double(rt), built))
+        results: dict[int, np.ndarray[Any, Any]] = {}
+
+        async def request(i: int) -> None:
+            x = np.full(N, i, np.float32)
+            results[i] = (await model.infer({"x": x}))["y"]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(request, i)
+        assert all((results[i] == 2 * i).all() for i in range(10))
+        assert sorted(built) == [0, 1] and model.staging_buffers == 4  # in and out, per slot
+        async with model.slot() as s:
+            with pytest.raises(hrx.ContractError):
+                await s.write("z", np.zeros(N, np.float32))
+            with pytest.raises(hrx.ContractError):
+                await s.write("x", np.zeros(N + 1, np.float32))
+            other = model.slot_nowait()
+            with other, pytest.raises(hrx.Busy):
+                model.slot_nowait()
+        with pytest.raises(hrx.ContractError):
+            await model.infer({"q": np.zeros(N, np.float32)})
+        assert model.idle
+
+
+async def test_slots_never_share_writable_io() -> None:
+    async with hrx.Runtime("sim") as rt:
+        kernel = load_double(rt)
+        ctx = ModelContext(rt)
+        shared_y = ctx.tensor(TensorDesc("f32", (N,)), hrx.GPU_LOCAL)
+
+        def build(ctx: ModelContext, index: int) -> SlotIO:
+            x = ctx.tensor(TensorDesc("f32", (N,)), hrx.GPU_LOCAL)
+            g = ctx.runtime.graph()
+            g.gpu(kernel, [x.view, shared_y.view])
+            return SlotIO({"x": x}, {"y": shared_y}, g.prepare())
+
+        model = PreparedModel(ctx, 2, build)
+        async with model.slot():
+            with pytest.raises(hrx.ContractError, match="never share"):
+                async with model.slot():
+                    pass
+        for bad in ((ctx, 0, build), (ctx, 1, 3), (rt, 1, build)):
+            with pytest.raises(hrx.ContractError):
+                PreparedModel(*bad)  # type: ignore[arg-type]
