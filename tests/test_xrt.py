@@ -335,7 +335,7 @@ async def test_without_pyxrt(monkeypatch: pytest.MonkeyPatch) -> None:
         assert rt.npu(0).target == "sim-npu"
         reason = " ".join(rt.fallback_reasons)
         assert "setup.sh" in reason and "not from PyPI" in reason
-    with pytest.raises(BackendUnavailable, match="setup.sh"):
+    with pytest.raises(BackendUnavailable, match=r"setup\.sh"):
         async with hrx.Runtime(backend="sim", npu="xrt"):
             pass
     monkeypatch.setenv("HRX_NPU", "xrt")
