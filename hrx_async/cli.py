@@ -75,7 +75,14 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 def demo_command(args: argparse.Namespace) -> int:
     from .examples import gpu_npu_parallel
+    from .plot import check_picture_path
 
+    try:
+        check_picture_path(args.timeline)
+    except ContractError as exc:
+        raise UsageError(str(exc)) from None
+    except Unsupported:
+        pass  # no matplotlib: the demo runs and says why there is no picture
     params = gpu_npu_parallel.parse(
         [str(args.elements), str(args.matrices), str(args.samples), str(args.trace)]
     )

@@ -27,7 +27,9 @@ from .errors import BackendUnavailable, ContractError
 PACKAGES = (
     ("numpy", "required"),
     ("anyio", "required"),
-    ("trio", "optional: the trio event loop"),
+    ("trio", "optional extra 'trio': the trio event loop"),
+    ("uvloop", "optional extra 'uvloop': asyncio on uvloop"),
+    ("platformdirs", "optional extra 'cache': the kernel cache in each system's cache folder"),
     ("matplotlib", "optional extra 'plot': timeline pictures"),
     ("cuda-bindings", "optional extra 'cuda': NVIDIA GPUs"),
     ("hip-python", "optional extra 'hip': AMD GPUs"),

@@ -67,6 +67,17 @@ def test_trace_plot_to_an_unknown_format_is_a_usage_error_naming_the_formats(
         assert not (tmp_path / name).exists()
 
 
+def test_demo_refuses_an_unknown_picture_format_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.json"
+    argv = ["demo", "--trace", str(trace), "--timeline", str(tmp_path / "t.xyz")]
+    assert main(argv) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("hrx-async demo: error: cannot draw a picture")
+    assert not trace.exists()
+
+
 # -- 2: --loop trio / uvloop without the package ----------------------------------------------
 
 NO_MODULE = """
