@@ -1,0 +1,395 @@
+"""A FastAPI image classifier served through hrx_async's model layer.
+
+The model is a small vision classifier: 16x16 RGB images (NCHW float32) are cut into
+4x4 patches, embedded by a matrix product with bias and ReLU, mean-pooled over the 16
+patches and classified into 10 classes by a second matrix product:
+
+    x[B,3,16,16] -> patchify (GPU) -> patches[B*16,48] @ w1 (NPU) -> h[B*16,64]
+    -> +b1, relu, mean over patches (GPU) -> pooled[B,64] @ w2 (NPU) -> +b2 (GPU) -> logits
+
+The weights are generated deterministically and saved as safetensors on first run
+(nothing is downloaded). Serving uses every part of the layer:
+
+* a `Residency` holds the weights (loaded by `load_safetensors` into shared GPU/NPU
+  buffers, checked against the expected dtypes and shapes),
+* a `PlanCache` keyed by batch size (1, 2, 4, 8: a request is padded to the next size)
+  holds one `PreparedModel` per size, each with its own kernels and a lease on the
+  weights,
+* the prepared model's slots give each request its own I/O and prepared graph, with
+  host staging made on first use,
+* `Jobs` decode request bodies on worker threads, off the event loop.
+
+POST /v1/classify takes `{"images": [[[[...]]]]}` (n x 3 x 16 x 16 numbers) or raw
+float32 bytes (`Content-Type: application/octet-stream`) and answers
+`{"logits": [[...10 numbers]...], "labels": [...]}`. GET /v1/model/stats shows the
+layer's counters; /healthz, /stats and /metrics come from `RuntimeService`.
+
+Run it:  python examples/model_server.py --port 8000 [--backend sim|cuda|auto]
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the handler's annotations.
+
+import argparse
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+import hrx_async as hrx
+from hrx_async.serve import RuntimeService
+
+C, H, W, P = 3, 16, 16, 4
+CELLS = (H // P) * (W // P)
+K = C * P * P
+D = 64
+CLASSES = 10
+BATCHES = (1, 2, 4, 8)
+MAX_BATCH = BATCHES[-1]
+SEED = 20240601
+EXPECT = {
+    "w1": ("f32", (K, D)),
+    "b1": ("f32", (D,)),
+    "w2": ("f32", (D, CLASSES)),
+    "b2": ("f32", (CLASSES,)),
+}
+WEIGHTS_KEY = "classifier"
+
+
+def make_weights() -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(SEED)
+    return {
+        "w1": (rng.standard_normal((K, D)) / math.sqrt(K)).astype(np.float32),
+        "b1": (rng.standard_normal(D) * 0.1).astype(np.float32),
+        "w2": (rng.standard_normal((D, CLASSES)) / math.sqrt(D)).astype(np.float32),
+        "b2": (rng.standard_normal(CLASSES) * 0.1).astype(np.float32),
+    }
+
+
+def ensure_weights(path: Path) -> Path:
+    """Write the deterministic weights to `path` unless they are there already."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        hrx.write_safetensors(partial, make_weights(), metadata={"model": "patch-mlp"})
+        partial.replace(path)
+    return path
+
+
+def patchify(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    b = x.shape[0]
+    cells = x.reshape(b, C, H // P, P, W // P, P).transpose(0, 2, 4, 1, 3, 5)
+    return cells.reshape(b * CELLS, K)
+
+
+def reference(images: np.ndarray[Any, Any], weights: dict[str, Any]) -> np.ndarray[Any, Any]:
+    """The model in plain numpy (float32 throughout)."""
+    h = patchify(np.asarray(images, np.float32)) @ weights["w1"]
+    h = np.maximum(h + weights["b1"], np.float32(0))
+    pooled = h.reshape(-1, CELLS, D).mean(axis=1, dtype=np.float32)
+    return (pooled @ weights["w2"] + weights["b2"]).astype(np.float32)
+
+
+# -- kernels: numpy for sim, CUDA C++ for the GPU backend; the matrix products on the NPU --
+
+PATCHIFY_CXX = r"""
+extern "C" __global__ void patchify(const float* x, float* patches) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;   // one patch element
+    if (i >= BATCH * CELLS * K) return;
+    const unsigned f = i % K, row = i / K, b = row / CELLS, cell = row % CELLS;
+    const unsigned c = f / (P * P), py = (f / P) % P, px = f % P;
+    const unsigned y = (cell / (W / P)) * P + py, xx = (cell % (W / P)) * P + px;
+    patches[i] = x[((b * C + c) * H + y) * W + xx];
+}
+"""
+POOL_CXX = r"""
+extern "C" __global__ void bias_relu_pool(const float* h, const float* b1, float* pooled) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;   // one (batch, feature)
+    if (i >= BATCH * D) return;
+    const unsigned b = i / D, d = i % D;
+    float sum = 0.0f;
+    for (unsigned cell = 0; cell < CELLS; ++cell) {
+        sum += fmaxf(h[(b * CELLS + cell) * D + d] + b1[d], 0.0f);
+    }
+    pooled[i] = sum / CELLS;
+}
+"""
+BIAS_CXX = r"""
+extern "C" __global__ void add_bias(const float* raw, const float* b2, float* logits) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < BATCH * CLASSES) logits[i] = raw[i] + b2[i % CLASSES];
+}
+"""
+
+
+def f32(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return array.view(np.float32)
+
+
+def patchify_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    x = f32(arrays[0]).reshape(-1, C, H, W)
+    f32(arrays[1])[:] = patchify(x).reshape(-1)
+
+
+def pool_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    h = np.maximum(f32(arrays[0]).reshape(-1, D) + f32(arrays[1]), np.float32(0))
+    f32(arrays[2])[:] = h.reshape(-1, CELLS, D).mean(axis=1, dtype=np.float32).reshape(-1)
+
+
+def bias_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+    raw = f32(arrays[0]).reshape(-1, CLASSES)
+    f32(arrays[2])[:] = (raw + f32(arrays[1])).reshape(-1)
+
+
+def matmul_host(m: int, k: int, n: int) -> Any:
+    def matmul(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+        a, b = f32(arrays[0]).reshape(m, k), f32(arrays[1]).reshape(k, n)
+        np.matmul(a, b, out=f32(arrays[2]).reshape(m, n))
+
+    return matmul
+
+
+def contract(*bindings: tuple[int, hrx.Access]) -> hrx.KernelContract:
+    return hrx.KernelContract([hrx.Binding(n * 4, access) for n, access in bindings])
+
+
+R, WR = hrx.Access.READ, hrx.Access.WRITE
+
+
+class Plan:
+    """The prepared model for one batch size, holding a lease on the weights."""
+
+    def __init__(self, model: hrx.PreparedModel, lease: hrx.Lease[hrx.Weights]) -> None:
+        self.model = model
+        self.lease = lease
+
+    @property
+    def idle(self) -> bool:
+        return self.model.idle
+
+    def close(self) -> None:
+        self.lease.release()
+
+
+def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) -> hrx.PreparedModel:
+    rows = batch * CELLS
+    defines = {
+        "BATCH": batch,
+        "CELLS": CELLS,
+        "K": K,
+        "D": D,
+        "CLASSES": CLASSES,
+        "C": C,
+        "H": H,
+        "W": W,
+        "P": P,
+    }
+
+    def gpu(cxx: str, name: str, host: Any, threads: int, *bindings: Any) -> hrx.GpuKernel:
+        return rt.load_gpu_kernel(
+            hrx.KernelSource(cxx=cxx, host=host),
+            name,
+            (math.ceil(threads / 128), 1, 1),
+            (128, 1, 1),
+            contract(*bindings),
+            defines=defines,
+        )
+
+    def npu(m: int, k: int, n: int) -> hrx.NpuKernel:
+        return rt.npu(0).load_artifact(
+            hrx.KernelSource(host=matmul_host(m, k, n)),
+            f"matmul_{m}x{k}x{n}",
+            1,
+            contract((m * k, R), (k * n, R), (m * n, WR)),
+        )
+
+    n_in = batch * C * H * W
+    k_patch = gpu(PATCHIFY_CXX, "patchify", patchify_host, rows * K, (n_in, R), (rows * K, WR))
+    k_pool = gpu(
+        POOL_CXX, "bias_relu_pool", pool_host, batch * D, (rows * D, R), (D, R), (batch * D, WR)
+    )
+    k_bias = gpu(
+        BIAS_CXX,
+        "add_bias",
+        bias_host,
+        batch * CLASSES,
+        (batch * CLASSES, R),
+        (CLASSES, R),
+        (batch * CLASSES, WR),
+    )
+    k_mm1, k_mm2 = npu(rows, K, D), npu(batch, D, CLASSES)
+    npu_memory = hrx.shared(0)
+
+    def factory(ctx: hrx.ModelContext, index: int) -> hrx.SlotIO:
+        t = ctx.tensor
+        x = t(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
+        patches = t(hrx.TensorDesc("f32", (rows, K), layout="rows"), npu_memory, "patches")
+        h = t(hrx.TensorDesc("f32", (rows, D)), npu_memory, "h")
+        pooled = t(hrx.TensorDesc("f32", (batch, D)), npu_memory, "pooled")
+        raw = t(hrx.TensorDesc("f32", (batch, CLASSES)), npu_memory, "raw")
+        logits = t(hrx.TensorDesc("f32", (batch, CLASSES)), hrx.GPU_LOCAL, "logits")
+        g = rt.graph(f"classifier-b{batch}")
+        g.gpu(k_patch, [x.view, patches.view])
+        g.npu(k_mm1, [patches.view, weights["w1"].view, h.view])
+        g.gpu(k_pool, [h.view, weights["b1"].view, pooled.view])
+        g.npu(k_mm2, [pooled.view, weights["w2"].view, raw.view])
+        g.gpu(k_bias, [raw.view, weights["b2"].view, logits.view])
+        return hrx.SlotIO({"x": x}, {"logits": logits}, g.prepare())
+
+    return hrx.PreparedModel(hrx.ModelContext(rt), slots, factory, f"classifier-b{batch}")
+
+
+def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
+    """A request body as float32 images [n, 3, 16, 16] (runs on a worker thread)."""
+    if kind == "application/octet-stream":
+        if not body or len(body) % (C * H * W * 4):
+            raise ValueError(f"{len(body)} bytes is not a whole number of {C}x{H}x{W} f32 images")
+        images = np.frombuffer(body, np.float32).reshape(-1, C, H, W)
+    else:
+        try:
+            payload = json.loads(body)
+            images = np.asarray(payload["images"], dtype=np.float32)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f'expected {{"images": n x {C} x {H} x {W} numbers}}: {exc}') from None
+        if images.ndim != 4 or images.shape[1:] != (C, H, W) or images.shape[0] < 1:
+            raise ValueError(f"images must be n x {C} x {H} x {W}, got {list(images.shape)}")
+    if images.shape[0] > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} images per request, got {images.shape[0]}")
+    if not np.isfinite(images).all():
+        raise ValueError("images must be finite numbers")
+    return images
+
+
+class ModelServer:
+    """The app's resources: weights residency, a plan cache by batch size, and jobs."""
+
+    def __init__(self, rt: hrx.Runtime, weights_path: Path, slots: int = 2) -> None:
+        self.rt = rt
+        self.weights_path = weights_path
+        self.slots = slots
+        self.residency: hrx.Residency[hrx.Weights] = hrx.Residency(1 << 20, label="weights")
+        self.plans: hrx.PlanCache[Plan] = hrx.PlanCache(
+            len(BATCHES), release=Plan.close, label="plans"
+        )
+        self.jobs: hrx.Jobs | None = None
+
+    async def prepare(self, batch: int) -> Plan:
+        lease = await hrx.load_safetensors(
+            self.rt,
+            self.residency,
+            WEIGHTS_KEY,
+            self.weights_path,
+            hrx.shared(0),
+            EXPECT,
+            wait=True,
+            timeout=30,
+        )
+        try:
+            return Plan(build_plan(self.rt, lease.value, batch, self.slots), lease)
+        except BaseException:
+            lease.release()
+            raise
+
+    async def classify(self, images: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        n = images.shape[0]
+        batch = next(b for b in BATCHES if b >= n)
+        padded = np.zeros((batch, C, H, W), np.float32)
+        padded[:n] = images
+        async with self.plans.use(batch, lambda: self.prepare(batch), timeout=30) as plan:
+            outputs = await plan.model.infer({"x": padded})
+        return outputs["logits"][:n]
+
+    def stats(self) -> dict[str, Any]:
+        jobs = self.jobs
+        return {
+            "plans": self.plans.stats().to_dict(),
+            "residency": self.residency.stats().to_dict(),
+            "jobs": None
+            if jobs is None
+            else {
+                "submitted": jobs.submitted,
+                "succeeded": jobs.succeeded,
+                "failed": jobs.failed,
+            },
+        }
+
+
+def default_weights_path() -> Path:
+    root = os.environ.get("HRX_MODEL_DIR") or os.path.join(tempfile.gettempdir(), "hrx_models")
+    return Path(root) / "patch_mlp.safetensors"
+
+
+def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 2) -> FastAPI:
+    path = ensure_weights(weights or default_weights_path())
+    service: RuntimeService[ModelServer] = RuntimeService(
+        lambda rt: ModelServer(rt, path, slots), backend=backend
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with service.lifespan(app):
+            server = service.resources
+            async with hrx.Jobs(workers=2, capacity=256, label="decode") as jobs:
+                server.jobs = jobs
+                try:
+                    yield
+                finally:
+                    server.jobs = None
+                    await server.plans.clear()
+                    await server.residency.clear()
+
+    app = FastAPI(title="hrx_async model server", lifespan=lifespan)
+    app.state.service = service
+    service.add_routes(app)
+
+    @app.post("/v1/classify")
+    async def classify(
+        request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
+    ) -> JSONResponse:
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        body = await request.body()
+        if len(body) > MAX_BATCH * C * H * W * 32:
+            raise HTTPException(413, "body too large")
+        assert server.jobs is not None
+        try:
+            images = await server.jobs.run(decode, body, kind)
+        except hrx.Busy as exc:
+            raise HTTPException(503, str(exc)) from None
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        logits = await server.classify(images)
+        return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
+
+    @app.get("/v1/model/stats")
+    async def model_stats(
+        server: Annotated[ModelServer, Depends(service.resources_dependency)],
+    ) -> JSONResponse:
+        return JSONResponse(server.stats())
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--backend", default=os.environ.get("HRX_BACKEND", "auto"))
+    parser.add_argument("--weights", type=Path, default=None, help="safetensors file")
+    parser.add_argument("--slots", type=int, default=2, help="slots per batch size")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(args.backend, args.weights, args.slots), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()
