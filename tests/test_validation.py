@@ -303,7 +303,7 @@ def test_placements_built_directly_are_checked() -> None:
         {"backend": 5},
         {"backend": ""},
         {"backend": None},
-        {"npu": "xrt"},
+        {"npu": "tpu"},
         {"npu": np.array(["auto", "sim"])},
         {"memory_budget": 0},
         {"memory_budget": 1.5},
