@@ -167,7 +167,11 @@ async def test_bad_input_is_refused() -> None:
     with pytest.raises(hrx.RuntimeClosed):
         h.value  # noqa: B018
     assert cache.stats().to_dict() == {
-        "capacity": 1, "entries": 1, "hits": 0, "misses": 1, "evictions": 0
+        "capacity": 1,
+        "entries": 1,
+        "hits": 0,
+        "misses": 1,
+        "evictions": 0,
     }
 
 

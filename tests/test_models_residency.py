@@ -80,8 +80,12 @@ async def test_budget_errors_and_bad_input_change_nothing() -> None:
             await residency.load("k", 10, lambda: "no tuple")
         assert rt.statistics().live_bytes == 0
         assert residency.stats().to_dict() == {
-            "budget_bytes": 100, "reserved_bytes": 0, "resources": 0,
-            "evictions": 0, "hits": 0, "misses": 2,
+            "budget_bytes": 100,
+            "reserved_bytes": 0,
+            "resources": 0,
+            "evictions": 0,
+            "hits": 0,
+            "misses": 2,
         }
         with pytest.raises(hrx.ContractError):
             residency.lease("absent")
@@ -142,10 +146,10 @@ class ResidencyMachine(RuleBasedStateMachine):
             assert peak > 1000
             return
         except hrx.Busy:
-            unpinned = {
-                k for k in self.sizes if not any(le.key == k for le in self.leases)
-            }
-            assert self.residency.reserved_bytes - sum(self.sizes[k] for k in unpinned) + peak > 1000
+            unpinned = {k for k in self.sizes if not any(le.key == k for le in self.leases)}
+            assert (
+                self.residency.reserved_bytes - sum(self.sizes[k] for k in unpinned) + peak > 1000
+            )
             return
         self.sizes.setdefault(key, size)
         self.sizes = {k: v for k, v in self.sizes.items() if k in self.residency}

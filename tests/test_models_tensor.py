@@ -19,8 +19,13 @@ def test_the_rules() -> None:
     empty = TensorDesc("u8", (4, 0, 2))
     assert empty.empty and empty.nbytes == 0
     assert {d: d.itemsize for d in DType} == {
-        DType.U8: 1, DType.F16: 2, DType.BF16: 2, DType.I32: 4, DType.U32: 4,
-        DType.F32: 4, DType.I64: 8,
+        DType.U8: 1,
+        DType.F16: 2,
+        DType.BF16: 2,
+        DType.I32: 4,
+        DType.U32: 4,
+        DType.F32: 4,
+        DType.I64: 8,
     }
     assert TensorDesc("f16", (1, 3, 4, 4), layout="nchw").layout is Layout.NCHW
     assert TensorDesc("f32", (5, 7), (1, 5), layout=Layout.ROWS).nbytes == 35 * 4
@@ -55,8 +60,7 @@ def test_bad_descriptors(args: tuple[object, ...], kwargs: dict[str, object]) ->
 def test_non_overlap_matches_brute_force(shape: list[int], strides: list[int]) -> None:
     strides = strides[: len(shape)]
     offsets = [
-        sum(i * s for i, s in zip(index, strides, strict=True))
-        for index in np.ndindex(*shape)
+        sum(i * s for i, s in zip(index, strides, strict=True)) for index in np.ndindex(*shape)
     ]
     overlapping = len(set(offsets)) != len(offsets)
     if overlapping:

@@ -19,7 +19,7 @@ def integer(value: object, what: str, minimum: int = 0, maximum: int | None = No
     number: int | None = None
     if not isinstance(value, bool | float) and hasattr(value, "__index__"):
         try:
-            number = int(value.__index__())  # type: ignore[attr-defined]
+            number = int(value.__index__())
         except Exception:
             number = None
     if number is None or number < minimum or (maximum is not None and number > maximum):
@@ -44,7 +44,7 @@ def key(value: object, what: str = "key") -> Hashable:
         hash(value)
     except TypeError:
         raise ContractError(f"a {what} must be hashable, got {shown(value)}") from None
-    return value  # type: ignore[return-value]
+    return value
 
 
 def function(value: object, what: str) -> Callable[..., Any]:

@@ -43,8 +43,13 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 """The largest JSON header accepted (the format's own limit)."""
 
 _FILE_DTYPES = {
-    "U8": DType.U8, "F16": DType.F16, "BF16": DType.BF16, "I32": DType.I32,
-    "U32": DType.U32, "F32": DType.F32, "I64": DType.I64,
+    "U8": DType.U8,
+    "F16": DType.F16,
+    "BF16": DType.BF16,
+    "I32": DType.I32,
+    "U32": DType.U32,
+    "F32": DType.F32,
+    "I64": DType.I64,
 }
 _FILE_NAMES = {v: k for k, v in _FILE_DTYPES.items()}
 

@@ -77,9 +77,7 @@ class ModelContext:
             if own:
                 stage.free()
 
-    async def download(
-        self, tensor: Tensor, staging: Buffer | None = None
-    ) -> np.ndarray[Any, Any]:
+    async def download(self, tensor: Tensor, staging: Buffer | None = None) -> np.ndarray[Any, Any]:
         """A numpy copy of `tensor` (through `staging` when it is device-only)."""
         if tensor.desc.empty or tensor.view.buffer.placement.host_mappable:
             return await tensor.read()

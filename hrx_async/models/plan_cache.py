@@ -196,8 +196,7 @@ class PlanCache(Generic[V]):
     def __repr__(self) -> str:
         s = self.stats()
         return (
-            f"<PlanCache {self.label!r} {s.entries}/{s.capacity} hits={s.hits} "
-            f"misses={s.misses}>"
+            f"<PlanCache {self.label!r} {s.entries}/{s.capacity} hits={s.hits} misses={s.misses}>"
         )
 
 

@@ -69,17 +69,32 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {
-    DType.U8: 1, DType.F16: 2, DType.BF16: 2, DType.I32: 4, DType.U32: 4, DType.F32: 4,
+    DType.U8: 1,
+    DType.F16: 2,
+    DType.BF16: 2,
+    DType.I32: 4,
+    DType.U32: 4,
+    DType.F32: 4,
     DType.I64: 8,
 }
 _NUMPY = {
-    DType.U8: "u1", DType.F16: "f2", DType.BF16: "u2", DType.I32: "i4", DType.U32: "u4",
-    DType.F32: "f4", DType.I64: "i8",
+    DType.U8: "u1",
+    DType.F16: "f2",
+    DType.BF16: "u2",
+    DType.I32: "i4",
+    DType.U32: "u4",
+    DType.F32: "f4",
+    DType.I64: "i8",
 }
 _BY_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.BF16}
 _BY_NAME = {d.value: d for d in DType} | {
-    "uint8": DType.U8, "float16": DType.F16, "bfloat16": DType.BF16, "int32": DType.I32,
-    "uint32": DType.U32, "float32": DType.F32, "int64": DType.I64,
+    "uint8": DType.U8,
+    "float16": DType.F16,
+    "bfloat16": DType.BF16,
+    "int32": DType.I32,
+    "uint32": DType.U32,
+    "float32": DType.F32,
+    "int64": DType.I64,
 }
 
 
@@ -236,16 +251,17 @@ class Tensor:
         raw = np.frombuffer(memory, np.uint8, count=desc.nbytes)
         if desc.empty:
             return np.zeros(desc.shape, desc.dtype.numpy)
-        return np.lib.stride_tricks.as_strided(
+        array: np.ndarray[Any, Any] = np.lib.stride_tricks.as_strided(
             raw.view(desc.dtype.numpy),
             desc.shape,
             desc.byte_strides,
             writeable=not memory.readonly,
         )
+        return array
 
-    def check_array(self, array: Any) -> np.ndarray[Any, Any]:
+    def check_array(self, value: Any) -> np.ndarray[Any, Any]:
         """`array` as numpy, when its dtype and shape are the tensor's (else `ContractError`)."""
-        array = np.asarray(array)
+        array: np.ndarray[Any, Any] = np.asarray(value)
         dtype = DType.of(array.dtype) if array.dtype != np.uint16 else None
         wanted = self.desc.dtype
         ok_dtype = dtype is wanted or (wanted is DType.BF16 and array.dtype == np.uint16)
@@ -290,8 +306,13 @@ class Tensor:
 
 
 _TORCH = {
-    DType.U8: "uint8", DType.F16: "float16", DType.BF16: "bfloat16", DType.I32: "int32",
-    DType.U32: "uint32", DType.F32: "float32", DType.I64: "int64",
+    DType.U8: "uint8",
+    DType.F16: "float16",
+    DType.BF16: "bfloat16",
+    DType.I32: "int32",
+    DType.U32: "uint32",
+    DType.F32: "float32",
+    DType.I64: "int64",
 }
 
 
