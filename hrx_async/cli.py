@@ -139,15 +139,23 @@ def _print_info(data: dict[str, Any]) -> None:
         print(f"Runtime() fails here{forced}: {data['auto_error']}")
     else:
         print(f"Runtime() opens: {data['auto']}{forced}")
+    npu = data["npu"]
+    print("npu (xrt):")
+    for check in npu.get("xrt", ()):
+        print(f"  {'ok' if check['ok'] else '--'} {check['check']}")
+    npu_forced = f" (HRX_NPU={npu['HRX_NPU']})" if npu["HRX_NPU"] else ""
+    if npu["error"]:
+        print(f"Runtime() fails here{npu_forced}: {npu['error']}")
+    else:
+        print(f"Runtime() NPU: {npu['opens']}{npu_forced}")
 
 
 def _runtime_failure(command: str, data: dict[str, Any]) -> int:
     """EXIT_FAILURE, said on stderr, when `Runtime()` would fail here; else EXIT_OK."""
-    if not data["auto_error"]:
+    problem = data["auto_error"] or data["npu"]["error"]
+    if not problem:
         return EXIT_OK
-    print(
-        f"hrx-async {command}: error: Runtime() fails here: {data['auto_error']}", file=sys.stderr
-    )
+    print(f"hrx-async {command}: error: Runtime() fails here: {problem}", file=sys.stderr)
     return EXIT_FAILURE
 
 

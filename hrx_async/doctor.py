@@ -110,7 +110,39 @@ def info() -> dict[str, Any]:
         "auto": chosen,
         "auto_error": problem,
         "HRX_BACKEND": os.environ.get("HRX_BACKEND"),
+        "npu": npu_report(),
     }
+
+
+def npu_report() -> dict[str, Any]:
+    """Which NPU `Runtime()` uses here (HRX_NPU, else xrt when it opens, else sim) and the
+    xrt checks behind that choice. `error` is set when the choice cannot be honoured."""
+    from .backends import xrt
+
+    forced = os.environ.get("HRX_NPU")
+    mode = (forced or "auto").strip().lower() or "auto"
+    report: dict[str, Any] = {"HRX_NPU": forced, "opens": None, "error": None}
+    if mode not in ("auto", "sim", "xrt", "none"):
+        report["error"] = f"HRX_NPU must be one of auto, sim, xrt, none; got {forced!r}"
+        return report
+    checks = xrt.doctor_lines()
+    report["xrt"] = [{"check": line, "ok": ok} for line, ok in checks]
+    if mode in ("sim", "none"):
+        report["opens"] = mode
+        return report
+    try:
+        xrt.import_pyxrt().device(0)  # what Runtime(npu="auto") tries
+    except Exception as exc:  # any failure to reach XRT means: not usable here
+        usable, why = False, str(exc)
+    else:
+        usable, why = True, ""
+    if usable:
+        report["opens"] = "xrt"
+    elif mode == "xrt":
+        report["error"] = f"HRX_NPU=xrt, but xrt is unavailable: {why}"
+    else:
+        report["opens"] = "sim"
+    return report
 
 
 async def self_test(backend: str) -> str | None:
@@ -189,6 +221,7 @@ __all__ = [
     "backend_reports",
     "device_nodes",
     "info",
+    "npu_report",
     "package_versions",
     "run_self_tests",
     "runtime_outcome",

@@ -208,3 +208,30 @@ def test_service_with_an_unavailable_backend_exits_1_in_one_line() -> None:
     assert done.returncode == EXIT_FAILURE
     assert done.stderr.startswith("service.py: error: backend 'cuda' is unavailable")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "fails"), [("bogus", True), ("xrt", True), ("sim", False), ("none", False)]
+)
+def test_info_reports_the_npu_runtime_would_use(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str, fails: bool
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyxrt", None)  # no XRT here, whatever the machine has
+    monkeypatch.setenv("HRX_NPU", value)
+    status = main(["info"])
+    captured = capsys.readouterr()
+    assert status == (EXIT_FAILURE if fails else EXIT_OK)
+    if fails:
+        assert "Runtime() fails here" in captured.err
+    else:
+        assert f"Runtime() NPU: {value}" in captured.out
+
+
+def test_info_says_the_npu_falls_back_to_sim_without_xrt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyxrt", None)
+    monkeypatch.delenv("HRX_NPU", raising=False)
+    report = doctor.npu_report()
+    assert report["opens"] == "sim" and report["error"] is None
+    assert any(not check["ok"] for check in report["xrt"])
