@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hrx_async.contract import bf16_bits
-from hrx_async.examples import NAMES, gpu_npu_parallel, spec
+from hrx_async.examples import NAMES, gpu_npu_parallel, sampling, spec
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main_for
 from hrx_async.examples.kernels import (
     BatchedGemmBf16,
@@ -65,6 +65,20 @@ def test_gpu_npu_parallel_prints_the_seed_lines_and_a_trace(
     lowest = (sequential - 0.0005) / (parallel + 0.0005) - 0.005
     highest = (sequential + 0.0005) / max(parallel - 0.0005, 1e-9) + 0.005
     assert lowest <= speedup <= highest
+    spread = match_line(
+        rf"^spread \(p10\.\.p90\): sequential {FLOAT}\.\.{FLOAT} ms; "
+        rf"parallel {FLOAT}\.\.{FLOAT} ms; paired speedup {FLOAT}\.\.{FLOAT}x$",
+        out,
+    )
+    seq_lo, seq_hi, par_lo, par_hi, pair_lo, pair_hi = (float(v) for v in spread.groups())
+    assert seq_lo <= sequential + 0.0005 and sequential - 0.0005 <= seq_hi
+    assert par_lo <= parallel + 0.0005 and parallel - 0.0005 <= par_hi
+    assert 0 < pair_lo <= pair_hi
+    # Either the machine looked quiet or a warning says why the speedup cannot be trusted.
+    verdicts = re.findall(
+        r"^(Machine: quiet|Warning: (?:busy machine|noisy baseline)): ", out, re.M
+    )
+    assert verdicts and (verdicts == ["Machine: quiet"] or "Machine: quiet" not in verdicts)
     match_line(r"^Both CPU references match exactly, including changed-input replays\.", out)
     overlap = match_line(
         rf"^GPU/NPU host-observed overlap across four replays: {FLOAT} us \(not device", out
@@ -123,6 +137,99 @@ def test_gpu_npu_parallel_json_carries_the_measurements(
         / max(results["gpu_only_median_ms"], results["npu_only_median_ms"])
     )
     assert any(line.startswith("sequential median:") for line in document["output"])
+
+
+# -- how far the speedup can be trusted ---------------------------------------------------------
+
+QUIET = sampling.MachineLoad(load=0.05, cores=4)
+
+
+def test_spread_is_p10_median_p90() -> None:
+    found = sampling.spread([float(v) for v in range(11, 0, -1)])
+    assert (found.p10, found.median, found.p90) == (2.0, 6.0, 10.0)
+    assert found.relative == pytest.approx(8 / 6)
+    assert sampling.spread([3.0]) == sampling.Spread(3.0, 3.0, 3.0)
+    with pytest.raises(ValueError):
+        sampling.spread([])
+
+
+def test_a_steady_baseline_on_a_quiet_machine_is_trusted() -> None:
+    verdict = sampling.judge([5.0, 5.1, 4.9, 5.05, 4.95, 5.0, 5.02], QUIET)
+    assert verdict.trustworthy
+    assert verdict.lines == (
+        "Machine: quiet (load average 0.05 on 4 usable cores; baseline p10..p90 range 3% "
+        "of its median)",
+    )
+
+
+def test_a_noisy_baseline_is_reported() -> None:
+    # The same median as above, but samples that swing by half of it.
+    samples = [5.0, 3.6, 6.4, 5.0, 4.0, 7.5, 5.1, 3.9, 6.0]
+    verdict = sampling.judge(samples, QUIET)
+    assert verdict.noisy and not verdict.busy and not verdict.trustworthy
+    (line,) = verdict.lines
+    assert line.startswith("Warning: noisy baseline: the sequential samples' p10..p90 range is")
+    assert "not reliable" in line
+    assert not sampling.judge(samples, QUIET, noisy_spread=1.0).noisy
+
+
+@pytest.mark.parametrize(
+    ("load", "cores", "busy"),
+    [
+        (0.3, 2, False),
+        (0.6, 2, True),
+        (1.9, 2, True),
+        (None, 1, True),
+        (None, 2, False),
+        (5.0, 8, False),
+        (6.6, 8, True),
+    ],
+)
+def test_a_busy_machine_is_reported(load: float | None, cores: int, busy: bool) -> None:
+    verdict = sampling.judge([1.0, 1.0, 1.0], sampling.MachineLoad(load, cores))
+    assert verdict.busy is busy and not verdict.noisy
+    assert any(line.startswith("Warning: busy machine:") for line in verdict.lines) is busy
+
+
+def test_machine_load_reads_this_machine() -> None:
+    machine = sampling.machine_load()
+    assert machine.cores >= 1
+    assert machine.load is None or machine.load >= 0
+
+
+def test_gpu_npu_parallel_says_when_the_machine_is_busy_or_the_baseline_noisy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[list[float]] = []
+
+    def always_noisy(baseline: list[float], machine: Any, needed: int) -> sampling.Verdict:
+        seen.append(list(baseline))
+        return sampling.judge(baseline, machine, needed, noisy_spread=-1.0)
+
+    monkeypatch.setattr(gpu_npu_parallel, "machine_load", lambda: sampling.MachineLoad(3.5, 2))
+    monkeypatch.setattr(gpu_npu_parallel, "judge", always_noisy)
+    code, out, err = run_example("gpu_npu_parallel", ["--json", "512", "4", "5"], capsys)
+    assert code == EXIT_OK, err
+    document = json.loads(out)
+    results, lines = document["results"], document["output"]
+    assert len(seen) == 1 and len(seen[0]) == 5
+    assert results["sequential_median_ms"] == pytest.approx(sorted(seen[0])[2])
+    assert results["busy_machine"] and results["noisy_baseline"]
+    assert results["load_average"] == 3.5 and results["usable_cores"] == 2
+    assert results["sequential_p10_ms"] <= results["sequential_median_ms"]
+    assert results["sequential_median_ms"] <= results["sequential_p90_ms"]
+    assert results["parallel_p10_ms"] <= results["parallel_p90_ms"]
+    assert results["speedup_p10"] <= results["speedup_p90"]
+    busy = [line for line in lines if line.startswith("Warning: busy machine:")]
+    assert busy == [
+        "Warning: busy machine: load average 3.50 on 2 usable cores leaves 0.0 free; this "
+        "example needs 2, so the speedup above is not reliable (run it on a quiet machine)"
+    ]
+    assert any(line.startswith("Warning: noisy baseline:") for line in lines)
+    assert not any(line.startswith("Machine: quiet") for line in lines)
+    # The warnings follow the speedup they qualify.
+    first_warning = lines.index(busy[0])
+    assert any(line.startswith("sequential median:") for line in lines[:first_warning])
 
 
 # -- shared memory examples ----------------------------------------------------------------
@@ -218,6 +325,14 @@ BAD_ARGUMENTS = [
     ("shared_bench", ["--backend", "vulkan"], "--backend must be one of"),
     ("shared_bench", ["--loop", "curio"], "--loop must be one of"),
     ("shared_bench", ["--fast"], "unknown option"),
+    ("shared_bench", ["--npu", "gpu"], "--npu must be one of auto, sim, xrt"),
+    ("gpu_npu_parallel", ["--npu", "xrt"], "missing --xclbin and --insts"),
+    ("shared_roundtrip", ["--npu=xrt", "--xclbin", "f.xclbin"], "missing --insts"),
+    ("shared_bench", ["--npu", "xrt", "--insts", "i.bin", "4096"], "missing --xclbin"),
+    ("gemm_pipeline", ["--npu", "xrt"], "missing --xclbin and --insts"),
+    ("gemm_pipeline", ["--insts", "i.bin"], "--insts given without --xclbin"),
+    ("shared_roundtrip", ["4096", "--xclbin"], "--xclbin needs a value"),
+    ("graph_prepare", ["--npu", "sim"], "takes no arguments"),
 ]
 
 
@@ -277,7 +392,8 @@ def test_a_wrapper_script_runs_end_to_end_and_fails_with_64_on_bad_input() -> No
     assert "all 4096 bytes correct, 10 executions, 3 prepared regions" in ok.stdout
     bad = subprocess.run([sys.executable, script, "12"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == EXIT_USAGE
-    assert "usage: shared_roundtrip [bytes]" in bad.stderr
+    assert spec("shared_roundtrip").usage in bad.stderr
+    assert spec("shared_roundtrip").usage.endswith("[bytes]")
 
 
 # -- kernels ---------------------------------------------------------------------------------

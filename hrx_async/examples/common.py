@@ -33,6 +33,8 @@ LOOPS = ("asyncio", "trio", "uvloop")
 BACKENDS = ("auto", "sim", "cuda", "hip")
 LOOP_MODULES = {"trio": "trio", "uvloop": "uvloop"}
 """The package each event loop other than plain asyncio needs; its extra has the loop's name."""
+EXAMPLE_OPTIONS = ("--npu", "--xclbin", "--insts", "--npu-kernel")
+"""Options that take a value and belong to an example's own `parse` (kept in its arguments)."""
 
 P = TypeVar("P")
 T = TypeVar("T")
@@ -136,7 +138,11 @@ class CommonOptions:
 
 
 def split_common(argv: Sequence[str]) -> tuple[CommonOptions, list[str]]:
-    """Take `--backend NAME`, `--loop asyncio|trio|uvloop`, `--json` and `--help` out of `argv`."""
+    """Take `--backend NAME`, `--loop asyncio|trio|uvloop`, `--json` and `--help` out of `argv`.
+
+    The options in `EXAMPLE_OPTIONS` stay in the rest, with their values, for the example's
+    own `parse`.
+    """
     backend, loop, wants_help, wants_json = "auto", "asyncio", False, False
     rest: list[str] = []
     items = list(argv)
@@ -162,6 +168,11 @@ def split_common(argv: Sequence[str]) -> tuple[CommonOptions, list[str]]:
                 if value not in LOOPS:
                     raise UsageError(f"--loop must be one of {', '.join(LOOPS)}, got {value!r}")
                 loop = value
+        elif name in EXAMPLE_OPTIONS:
+            rest.append(item)
+            if not eq and index + 1 < len(items):
+                index += 1
+                rest.append(items[index])
         elif item in ("--help", "-h"):
             wants_help = True
         elif item == "--json":

@@ -7,10 +7,13 @@ with their own A and C share the weights: 50 requests measure latency, then
 50 pairs submitted together measure pipelined requests per second. Nothing is
 copied and nothing is allocated while requests run.
 
-usage: gemm_pipeline [KERNEL SYMBOL M K N]
+usage: gemm_pipeline [--npu auto|sim|xrt] [--xclbin PATH --insts PATH] [--npu-kernel NAME]
+       [KERNEL SYMBOL M K N]
 
 KERNEL is empty or "builtin" for the built-in NPU GEMM (SYMBOL "gemm"), or a
 module name or .py file whose SYMBOL(m, k, n) returns a sim NPU host program.
+With `--npu xrt --xclbin F --insts F` the GEMM is that XRT NPU program instead
+(M, K and N still give its buffers' sizes; see `npu_choice`).
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .. import Access, Binding, Buffer, Constants, KernelContract, KernelSource, Runtime, shared
+from ..backends.sim import SIM_NPU_TARGET
 from ..benchmark import percentile
 from ..errors import ContractError
 from ..runner import import_kernel_module
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 from .kernels import ADD_F32_CXX, BLOCK, EULER_CXX, GemmBf16, add_f32_host, euler_host
+from .npu_choice import USAGE as NPU_USAGE
+from .npu_choice import NpuChoice, split_npu
 
 NAME = "gemm_pipeline"
-USAGE = "usage: gemm_pipeline [<gemm-kernel> <symbol> M K N]"
+USAGE = f"usage: gemm_pipeline {NPU_USAGE} [<gemm-kernel> <symbol> M K N]"
 WARMUPS = 5
 LATENCY_SAMPLES = 50
 PIPELINED_PAIRS = 50
@@ -48,11 +54,13 @@ class Params:
     m: int = 8
     k: int = 8
     n: int = 8
+    npu: NpuChoice = field(default_factory=NpuChoice)
 
 
 def parse(args: Sequence[str]) -> Params:
+    npu, args = split_npu(args)
     if not args:
-        return Params()
+        return Params(npu=npu)
     if len(args) != 5:
         raise UsageError(f"expected no arguments or 5 (kernel, symbol, M, K, N), got {len(args)}")
     dims: list[int] = []
@@ -70,7 +78,7 @@ def parse(args: Sequence[str]) -> Params:
     kernel = "" if args[0] in ("", "builtin") else args[0]
     if not kernel and args[1] != "gemm":
         raise UsageError(f"the built-in NPU GEMM's symbol is 'gemm', got {args[1]!r}")
-    return Params(kernel, args[1], m, k, n)
+    return Params(kernel, args[1], m, k, n, npu)
 
 
 def load_npu_program(params: Params) -> HostProgram:
@@ -101,11 +109,13 @@ def _scalars(elements: int) -> Constants:
 async def run(params: Params, backend: str, report: Report) -> ExampleResult:
     m, k, n = params.m, params.k, params.n
     a_bytes, b_bytes, c_bytes = m * k * 2, k * n * 2, m * n * 4
-    async with Runtime(backend=backend, label=NAME) as rt:
+    async with Runtime(backend=backend, npu=params.npu.runtime_npu, label=NAME) as rt:
         npu = rt.npu(0)
+        host = load_npu_program(params) if npu.target == SIM_NPU_TARGET else None
+        source, kernel_name = params.npu.source(npu.target, host, params.symbol)
         gemm = npu.load_artifact(
-            KernelSource(host=load_npu_program(params)),
-            params.symbol,
+            source,
+            kernel_name,
             1,
             KernelContract(
                 [
@@ -205,6 +215,7 @@ async def run(params: Params, backend: str, report: Report) -> ExampleResult:
         report.line(after.to_json())
         values_out: dict[str, Any] = {
             "backend": rt.backend_name,
+            "npu_target": npu.target,
             "m": m,
             "k": k,
             "n": n,

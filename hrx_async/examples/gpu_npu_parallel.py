@@ -4,10 +4,16 @@ The GPU computes `out = in * 3 + 7` over int32; the NPU multiplies batches of
 8×8 bf16 matrices into f32. Both are checked exactly against CPU references,
 with inputs changed between runs so a stale result cannot pass. Samples
 alternate the order of the sequential and the parallel variant; the medians
-and the speedup are printed. Timed replays must allocate and import nothing.
+and the speedup are printed with the spread of the samples (p10..p90), and a
+warning when the machine was busy or the baseline noisy (either makes the
+speedup swing from run to run). Timed replays must allocate and import nothing.
 Four more parallel replays are traced to show the lanes' overlap.
 
-usage: gpu_npu_parallel [gpu-elements=16777216] [npu-matrices=1024] [samples=21] [trace.json]
+The NPU part runs on the sim NPU, or with `--npu xrt --xclbin F --insts F` on an
+XRT NPU (see `npu_choice`).
+
+usage: gpu_npu_parallel [--npu auto|sim|xrt] [--xclbin PATH --insts PATH] [--npu-kernel NAME]
+       [gpu-elements=16777216] [npu-matrices=1024] [samples=21] [trace.json]
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from .. import (
     Runtime,
     npu_local,
 )
+from ..backends.sim import SIM_NPU_TARGET
 from ..lanes.lane import Lane
 from ..trace import ExecutionTrace
 from .common import (
@@ -46,10 +53,14 @@ from .common import (
     parse_count,
 )
 from .kernels import AFFINE_CXX, BLOCK, BatchedGemmBf16, affine_host
+from .npu_choice import USAGE as NPU_USAGE
+from .npu_choice import NpuChoice, split_npu
+from .sampling import judge, machine_load, spread
 
 NAME = "gpu_npu_parallel"
 USAGE = (
-    "usage: gpu_npu_parallel [gpu-elements=16777216] [npu-matrices=1024] [samples=21] [trace.json]"
+    f"usage: gpu_npu_parallel {NPU_USAGE} "
+    "[gpu-elements=16777216] [npu-matrices=1024] [samples=21] [trace.json]"
 )
 RANGES = (
     "gpu-elements must be a multiple of 256 in 256..=67108864; "
@@ -58,6 +69,8 @@ RANGES = (
 MAX_ELEMENTS = 1 << 26
 MAX_MATRICES = 16384
 TRACED_REPLAYS = 4
+CORES_NEEDED = 2
+"""The GPU and the NPU lane each keep a core busy while both run."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +79,11 @@ class Params:
     matrices: int = 1024
     samples: int = 21
     trace_path: Path | None = None
+    npu: NpuChoice = field(default_factory=NpuChoice)
 
 
 def parse(args: Sequence[str]) -> Params:
+    npu, args = split_npu(args)
     if len(args) > 4:
         raise UsageError(f"too many arguments: got {len(args)}, at most 4")
     defaults = Params()
@@ -87,7 +102,7 @@ def parse(args: Sequence[str]) -> Params:
             f"{RANGES} (got gpu-elements={elements}, npu-matrices={matrices}, samples={samples})"
         )
     trace_path = Path(args[3]) if len(args) > 3 else None
-    return Params(elements, matrices, samples, trace_path)
+    return Params(elements, matrices, samples, trace_path, npu)
 
 
 # -- inputs and CPU references ------------------------------------------------------------
@@ -139,9 +154,10 @@ class Workload:
                 ]
             ),
         )
+        source, kernel_name = params.npu.source(npu.target, BatchedGemmBf16(matrices), "gemm")
         gemm = npu.load_artifact(
-            KernelSource(host=BatchedGemmBf16(matrices)),
-            "gemm",
+            source,
+            kernel_name,
             1,
             KernelContract(
                 [
@@ -236,7 +252,8 @@ def pairwise_overlap_us(trace: ExecutionTrace, lane_a: Lane, lane_b: Lane) -> fl
 
 
 async def run(params: Params, backend: str, report: Report) -> ExampleResult:
-    async with Runtime(backend=backend, label=NAME) as rt:
+    machine = machine_load()  # before the run adds its own load
+    async with Runtime(backend=backend, npu=params.npu.runtime_npu, label=NAME) as rt:
         work = Workload(rt, params)
         gpu_target, npu_target = work.targets
         backend_name = rt.backend_name
@@ -294,6 +311,10 @@ async def run(params: Params, backend: str, report: Report) -> ExampleResult:
         gpu_median = statistics.median(gpu_ms)
         npu_median = statistics.median(npu_ms)
         ideal = (gpu_median + npu_median) / max(gpu_median, npu_median)
+        sequential_spread = spread(sequential_ms)
+        parallel_spread = spread(parallel_ms)
+        speedup_spread = spread([s / p for s, p in zip(sequential_ms, parallel_ms, strict=True)])
+        verdict = judge(sequential_ms, machine, CORES_NEEDED)
         report.line(
             f"{params.elements} GPU elements + {params.matrices} NPU matrices; "
             f"{params.samples} paired samples"
@@ -306,6 +327,14 @@ async def run(params: Params, backend: str, report: Report) -> ExampleResult:
             f"GPU-only median: {gpu_median:.3f} ms; NPU-only median: {npu_median:.3f} ms; "
             f"ideal speedup (sum/max): {ideal:.2f}x; achieved: {speedup / ideal:.2f} of ideal"
         )
+        seq, par, pair = sequential_spread, parallel_spread, speedup_spread
+        report.line(
+            f"spread (p10..p90): sequential {seq.p10:.3f}..{seq.p90:.3f} ms; "
+            f"parallel {par.p10:.3f}..{par.p90:.3f} ms; "
+            f"paired speedup {pair.p10:.2f}..{pair.p90:.2f}x"
+        )
+        for line in verdict.lines:
+            report.line(line)
         report.line(
             "Both CPU references match exactly, including changed-input replays. "
             "No native allocations/imports during timed replay."
@@ -323,6 +352,11 @@ async def run(params: Params, backend: str, report: Report) -> ExampleResult:
             f"GPU/NPU host-observed overlap across four replays: {overlap:.1f} us "
             "(not device timestamps)"
         )
+        if overlap == 0.0:
+            report.line(
+                "No overlap seen: the lanes ran one after the other in the traced replays "
+                "(work too small to overlap, or too few free cores)"
+            )
         if params.trace_path is not None:
             trace.write(params.trace_path)
             report.line(f"Trace: {params.trace_path}")
@@ -337,6 +371,17 @@ async def run(params: Params, backend: str, report: Report) -> ExampleResult:
         "sequential_median_ms": sequential,
         "parallel_median_ms": parallel,
         "speedup": speedup,
+        "sequential_p10_ms": sequential_spread.p10,
+        "sequential_p90_ms": sequential_spread.p90,
+        "parallel_p10_ms": parallel_spread.p10,
+        "parallel_p90_ms": parallel_spread.p90,
+        "speedup_p10": speedup_spread.p10,
+        "speedup_p90": speedup_spread.p90,
+        "load_average": machine.load,
+        "usable_cores": machine.cores,
+        "busy_machine": verdict.busy,
+        "noisy_baseline": verdict.noisy,
+        "npu_backend": "sim" if npu_target == SIM_NPU_TARGET else "xrt",
         "gpu_only_median_ms": gpu_median,
         "npu_only_median_ms": npu_median,
         "ideal_speedup": ideal,

@@ -3,7 +3,11 @@
 Five warm-up executions, then 100 timed ones (submit to completion, awaited);
 the output is checked, and the nearest-rank p50 and p95 are printed.
 
-usage: shared_bench [bytes]
+usage: shared_bench [--npu auto|sim|xrt] [--xclbin PATH --insts PATH] [--npu-kernel NAME]
+       [bytes]
+
+The NPU copy runs on the sim NPU, or with `--npu xrt --xclbin F --insts F` on an
+XRT NPU (see `npu_choice`).
 """
 
 from __future__ import annotations
@@ -16,24 +20,26 @@ import numpy as np
 
 from .. import Runtime, shared
 from ..benchmark import percentile
-from ._shared import load_copy, parse_bytes
+from ._shared import SharedParams, load_copy, parse_shared
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
+from .npu_choice import USAGE as NPU_USAGE
 
 NAME = "shared_bench"
-USAGE = "usage: shared_bench [bytes]"
+USAGE = f"usage: shared_bench {NPU_USAGE} [bytes]"
 WARMUPS = 5
 TIMED = 100
 PATTERN = 0x35
 
 
-def parse(args: Sequence[str]) -> int:
-    return parse_bytes(args, USAGE)
+def parse(args: Sequence[str]) -> SharedParams:
+    return parse_shared(args, USAGE)
 
 
-async def run(size: int, backend: str, report: Report) -> ExampleResult:
-    async with Runtime(backend=backend, label=NAME) as rt:
+async def run(params: SharedParams, backend: str, report: Report) -> ExampleResult:
+    size = params.size
+    async with Runtime(backend=backend, npu=params.npu.runtime_npu, label=NAME) as rt:
         npu = rt.npu(0)
-        kernel = load_copy(npu, size, "passthrough")
+        kernel = load_copy(npu, size, "passthrough", params.npu)
         a = rt.allocate(size, shared(npu.index), "a")
         c = rt.allocate(size, shared(npu.index), "c")
         graph = rt.graph(NAME)
@@ -56,7 +62,13 @@ async def run(size: int, backend: str, report: Report) -> ExampleResult:
         p50_us = percentile(samples, 50) * 1e6
         p95_us = percentile(samples, 95) * 1e6
         report.line(f"bytes={size} p50_us={p50_us:.2f} p95_us={p95_us:.2f}")
-        values = {"backend": rt.backend_name, "bytes": size, "p50_us": p50_us, "p95_us": p95_us}
+        values = {
+            "backend": rt.backend_name,
+            "npu_target": npu.target,
+            "bytes": size,
+            "p50_us": p50_us,
+            "p95_us": p95_us,
+        }
     return ExampleResult(values)
 
 

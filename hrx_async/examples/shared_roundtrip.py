@@ -4,7 +4,11 @@ A GPU fill writes 0x5a into `a`, the NPU copies `a` into `c`, and a GPU copy
 moves `c` into `result`: three regions, no staging copies through the host.
 Ten executions, each checked byte for byte.
 
-usage: shared_roundtrip [bytes]
+usage: shared_roundtrip [--npu auto|sim|xrt] [--xclbin PATH --insts PATH] [--npu-kernel NAME]
+       [bytes]
+
+The NPU copy runs on the sim NPU, or with `--npu xrt --xclbin F --insts F` on an
+XRT NPU (see `npu_choice`).
 """
 
 from __future__ import annotations
@@ -15,23 +19,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import Runtime, shared
-from ._shared import load_copy, parse_bytes
+from ._shared import SharedParams, load_copy, parse_shared
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
+from .npu_choice import USAGE as NPU_USAGE
 
 NAME = "shared_roundtrip"
-USAGE = "usage: shared_roundtrip [bytes]"
+USAGE = f"usage: shared_roundtrip {NPU_USAGE} [bytes]"
 EXECUTIONS = 10
 PATTERN = 0x5A
 
 
-def parse(args: Sequence[str]) -> int:
-    return parse_bytes(args, USAGE)
+def parse(args: Sequence[str]) -> SharedParams:
+    return parse_shared(args, USAGE)
 
 
-async def run(size: int, backend: str, report: Report) -> ExampleResult:
-    async with Runtime(backend=backend, label=NAME) as rt:
+async def run(params: SharedParams, backend: str, report: Report) -> ExampleResult:
+    size = params.size
+    async with Runtime(backend=backend, npu=params.npu.runtime_npu, label=NAME) as rt:
         npu = rt.npu(0)
-        kernel = load_copy(npu, size, "u32 passthrough")
+        kernel = load_copy(npu, size, "u32 passthrough", params.npu)
         a = rt.allocate(size, shared(npu.index), "a")
         c = rt.allocate(size, shared(npu.index), "c")
         result = rt.allocate(size, shared(npu.index), "result")
@@ -57,6 +63,7 @@ async def run(size: int, backend: str, report: Report) -> ExampleResult:
         )
         values = {
             "backend": rt.backend_name,
+            "npu_target": npu.target,
             "bytes": size,
             "executions": EXECUTIONS,
             "regions": regions,
