@@ -23,12 +23,13 @@ import collections
 import enum
 import inspect
 from collections.abc import Awaitable, Callable, Hashable
+from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
 
-from ..errors import BudgetExceeded, Busy, ContractError
+from ..errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
 
 V = TypeVar("V")
 
@@ -287,3 +288,51 @@ class Table(Generic[V]):
             if entry.holds == 0 and entry.state is State.READY and value_idle(entry.value):
                 self.start_eviction(entry)
                 await self.finish_eviction(entry)
+
+
+class Hold(Generic[V]):
+    """One hold on a table entry: `value`; `release()` (idempotent) lets the entry be
+    evicted again. A synchronous context manager. Subclasses name what they hold."""
+
+    __slots__ = ("_entry", "_table", "key")
+    NOUN = "hold"
+    AGAIN = "take it again"
+
+    def __init__(self, table: Table[V], entry: Entry[V]) -> None:
+        self._table = table
+        self._entry: Entry[V] | None = entry
+        self.key = entry.key
+
+    def _held(self) -> Entry[V]:
+        entry = self._entry
+        if entry is None:
+            raise RuntimeClosed(f"this {self.NOUN} on {self.key!r} was released; {self.AGAIN}")
+        return entry
+
+    @property
+    def value(self) -> V:
+        return self._held().value  # type: ignore[return-value]
+
+    @property
+    def released(self) -> bool:
+        return self._entry is None
+
+    def release(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            self._table.unhold(entry)
+
+    def __enter__(self) -> V:
+        return self.value
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._entry is None else "held"
+        return f"<{type(self).__name__} {self.key!r} {state}>"

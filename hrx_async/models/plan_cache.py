@@ -20,12 +20,11 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from ..errors import ContractError, RuntimeClosed
+from ..errors import ContractError
 from . import _check
-from ._table import Entry, State, Table
+from ._table import Hold, State, Table
 
 V = TypeVar("V")
 
@@ -52,47 +51,13 @@ class PlanCacheStats:
         }
 
 
-class PlanHandle(Generic[V]):
+class PlanHandle(Hold[V]):
     """One hold on a cache entry: `value` is the plan; `release()` (idempotent) lets it be
     evicted again. A synchronous context manager."""
 
-    __slots__ = ("_entry", "_table", "key")
-
-    def __init__(self, table: Table[V], entry: Entry[V]) -> None:
-        self._table = table
-        self._entry: Entry[V] | None = entry
-        self.key = entry.key
-
-    @property
-    def value(self) -> V:
-        entry = self._entry
-        if entry is None:
-            raise RuntimeClosed(f"this handle on {self.key!r} was released; get it again")
-        return entry.value  # type: ignore[return-value]
-
-    @property
-    def released(self) -> bool:
-        return self._entry is None
-
-    def release(self) -> None:
-        entry, self._entry = self._entry, None
-        if entry is not None:
-            self._table.unhold(entry)
-
-    def __enter__(self) -> V:
-        return self.value
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self._entry is None else "held"
-        return f"<PlanHandle {self.key!r} {state}>"
+    __slots__ = ()
+    NOUN = "handle"
+    AGAIN = "get it again"
 
 
 async def _call(loader: Callable[[], Any]) -> Any:

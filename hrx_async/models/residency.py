@@ -22,15 +22,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import anyio
 
-from ..errors import Busy, ContractError, RuntimeClosed
+from ..errors import Busy, ContractError
 from ..memory import Buffer
 from . import _check
-from ._table import Entry, State, Table
+from ._table import Entry, Hold, State, Table
 
 V = TypeVar("V")
 
@@ -96,54 +95,17 @@ async def free_buffers(value: object) -> None:
                 await anyio.sleep(0.001)
 
 
-class Lease(Generic[V]):
+class Lease(Hold[V]):
     """A pin on one resident value: `value`; `release()` (idempotent) lets it be evicted.
     A synchronous context manager."""
 
-    __slots__ = ("_entry", "_table", "key")
-
-    def __init__(self, table: Table[V], entry: Entry[V]) -> None:
-        self._table = table
-        self._entry: Entry[V] | None = entry
-        self.key = entry.key
-
-    @property
-    def value(self) -> V:
-        entry = self._entry
-        if entry is None:
-            raise RuntimeClosed(f"this lease on {self.key!r} was released; lease it again")
-        return entry.value  # type: ignore[return-value]
+    __slots__ = ()
+    NOUN = "lease"
+    AGAIN = "lease it again"
 
     @property
     def resident_bytes(self) -> int:
-        entry = self._entry
-        if entry is None:
-            raise RuntimeClosed(f"this lease on {self.key!r} was released; lease it again")
-        return entry.cost
-
-    @property
-    def released(self) -> bool:
-        return self._entry is None
-
-    def release(self) -> None:
-        entry, self._entry = self._entry, None
-        if entry is not None:
-            self._table.unhold(entry)
-
-    def __enter__(self) -> V:
-        return self.value
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self._entry is None else "held"
-        return f"<Lease {self.key!r} {state}>"
+        return self._held().cost
 
 
 class Residency(Generic[V]):
