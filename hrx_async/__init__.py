@@ -26,6 +26,7 @@ from .errors import (
     Unsupported,
 )
 from .graph import Graph
+from .image import ImageOps, ImageStats
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .lanes.lane import Lane
 from .memory import (
@@ -107,6 +108,8 @@ __all__ = [
     "Graph",
     "HostMapping",
     "HrxError",
+    "ImageOps",
+    "ImageStats",
     "Job",
     "JobState",
     "Jobs",

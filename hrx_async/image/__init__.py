@@ -1,0 +1,12 @@
+"""Device-resident image operations: patchify, normalize, resize, affine, composite.
+
+Each is recorded into a graph as one GPU kernel over tensors (`ImageOps`), with a
+bounded plan cache keyed by shapes, dtypes and parameters. The maths exists once as
+C++ for NVRTC and hipRTC (`cxx`) and once as its numpy twin for the sim backend
+(`host`), both reading one argument struct (`args`).
+"""
+
+from .args import MAX_CHANNELS
+from .ops import BORDERS, RESIZE_MODES, ImageOps, ImageStats, invert_affine
+
+__all__ = ["BORDERS", "MAX_CHANNELS", "RESIZE_MODES", "ImageOps", "ImageStats", "invert_affine"]
