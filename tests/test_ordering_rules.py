@@ -510,3 +510,31 @@ async def test_cancelled_waiting_submissions_do_not_hold_admission_places() -> N
             with pytest.raises(Cancelled):
                 await third
         assert await read(h) == bytes([2]) * N
+
+
+async def test_submit_does_not_refuse_bytes_an_admitted_overwrite_will_clear() -> None:
+    log = Log()
+    async with hrx.Runtime(backend="sim") as rt:
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        gate = rt.allocate(N, hrx.HOST_VISIBLE)
+        out = rt.allocate(N, hrx.HOST_VISIBLE)
+        g = rt.graph("fail")
+        g.host(broken_host, [(h.view(), hrx.Access.WRITE)])
+        with pytest.raises(ExecutionError):
+            await g.prepare().submit()
+        g = rt.graph("slow")
+        g.host(slow_writer(log, "slow", 1, 0.05), [(gate.view(), hrx.Access.WRITE)])
+        g.prepare().submit()
+        g = rt.graph("overwrite")  # waits for `slow`, then writes all of h
+        g.host(lambda a, b: b.fill(7), [(gate.view(), hrx.Access.READ), (h.view(), hrx.Access.WRITE)])
+        overwrite = g.prepare().submit()
+        g = rt.graph("partial")  # a later writer of part of h: the overwrite is no longer last
+        g.fill(h.view(0, 4), 9)
+        partial = g.prepare().submit()
+        g = rt.graph("reader")
+        g.copy(out.view(), h.view())
+        reader = g.prepare().submit()  # not refused: the overwrite clears h before it
+        await overwrite
+        await partial
+        await reader
+        assert await read(out) == bytes([9] * 4 + [7] * (N - 4))

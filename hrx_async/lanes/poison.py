@@ -28,11 +28,39 @@ from ..memory import Buffer
 class PoisonBook:
     """Poisoned byte ranges per buffer."""
 
-    __slots__ = ("_lock", "_ranges")
+    __slots__ = ("_expected", "_lock", "_ranges")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ranges: dict[int, list[tuple[int, int]]] = {}
+        self._expected: dict[int, int] = {}
+        """Per buffer, admitted regions that will overwrite it whole if they run."""
+
+    def expect(self, buffers: Iterable[Buffer]) -> None:
+        """Regions writing `buffers` whole were admitted: until they run or end, a graph
+        reading those buffers is not refused at submit (they may clear it first)."""
+        with self._lock:
+            expected = self._expected
+            for buffer in buffers:
+                expected[buffer.ident] = expected.get(buffer.ident, 0) + 1
+
+    def settle(self, buffers: Iterable[Buffer], ran: bool) -> None:
+        """Regions announced by `expect` run (`ran`: their poison is cleared) or end."""
+        with self._lock:
+            expected = self._expected
+            for buffer in buffers:
+                left = expected[buffer.ident] - 1
+                if left:
+                    expected[buffer.ident] = left
+                else:
+                    del expected[buffer.ident]
+                if ran and buffer.poison is not None:
+                    buffer.poison = None
+                    self._ranges.pop(buffer.ident, None)
+
+    def expected(self, buffer: Buffer) -> bool:
+        """Some admitted region not yet run will overwrite `buffer` whole."""
+        return buffer.ident in self._expected
 
     def add(self, intervals: Iterable[Interval], cause: HrxError) -> None:
         """Poison `intervals`; a buffer already poisoned keeps its first failure as cause."""

@@ -191,11 +191,17 @@ class RegionRun:
         """
         refusal = self.refusal()
         if refusal is None:
-            for buffer in self.clears:
-                self.submission.scheduler.poison_book.clear(buffer)
+            self.run_clears()
         elif isinstance(refusal, PoisonedError):
             self.apply_failure(refusal)
         return refusal
+
+    def run_clears(self, ran: bool = True) -> None:
+        """Once: what this region writes whole is cleared of poison (`ran`), or it ended
+        without running and will clear nothing."""
+        clears, self.clears = self.clears, ()
+        if clears:
+            self.submission.scheduler.poison_book.settle(clears, ran)
 
     def apply_failure(self, error: BaseException) -> None:
         """Poison what this region writes, once (a region that never ran poisons nothing)."""

@@ -189,6 +189,8 @@ class Scheduler:
                         deps |= found
             if deps:
                 run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
+            if run.clears:
+                self.poison_book.expect(run.clears)
             runs.append(run)
         submission.remaining = len(runs)
         self.counters.submissions += 1
@@ -208,9 +210,8 @@ class Scheduler:
         Only when no admitted region will overwrite the buffer whole before it: whether
         that one runs is decided later, and the graph's own regions check again then.
         """
-        for user in self.tracker.dependencies(buffer.ident, 0, buffer.nbytes, True):
-            if isinstance(user, RegionRun) and buffer in user.clears and not user.finished:
-                return
+        if self.poison_book.expected(buffer):
+            return
         found = self.poison_book.find(i for i in prepared.input_reads if i.buffer is buffer)
         if found is not None:
             raise PoisonedError(found[0], found[1])
@@ -267,8 +268,7 @@ class Scheduler:
             if isinstance(first, BaseException):
                 self.finish(run, first)
             else:
-                for buffer in run.clears:  # it runs: nothing came between launch and here
-                    self.poison_book.clear(buffer)
+                run.run_clears()  # it runs: nothing came between its launch and here
                 self._attach(run, first)
             runs = runs[1:]
         for run in runs:
@@ -513,6 +513,7 @@ class Scheduler:
         submission = run.submission
         plan = run.plan
         self.tracker.forget(run)
+        run.run_clears(ran=False)  # ended without running: it clears nothing any more
         if error is not None:
             run.state = FAILED
             run.error = error
