@@ -526,7 +526,10 @@ async def test_submit_does_not_refuse_bytes_an_admitted_overwrite_will_clear() -
         g.host(slow_writer(log, "slow", 1, 0.05), [(gate.view(), hrx.Access.WRITE)])
         g.prepare().submit()
         g = rt.graph("overwrite")  # waits for `slow`, then writes all of h
-        g.host(lambda a, b: b.fill(7), [(gate.view(), hrx.Access.READ), (h.view(), hrx.Access.WRITE)])
+        g.host(
+            lambda a, b: b.fill(7),
+            [(gate.view(), hrx.Access.READ), (h.view(), hrx.Access.WRITE)],
+        )
         overwrite = g.prepare().submit()
         g = rt.graph("partial")  # a later writer of part of h: the overwrite is no longer last
         g.fill(h.view(0, 4), 9)
