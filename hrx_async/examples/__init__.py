@@ -11,7 +11,14 @@ from typing import Any
 
 from .common import ExampleResult, ExampleSpec, Report, UsageError
 
-NAMES = ("gpu_npu_parallel", "shared_roundtrip", "shared_bench", "gemm_pipeline", "graph_prepare")
+NAMES = (
+    "gpu_npu_parallel",
+    "shared_roundtrip",
+    "shared_bench",
+    "gemm_pipeline",
+    "graph_prepare",
+    "image_pipeline",
+)
 
 
 def spec(name: str) -> ExampleSpec[Any]:
