@@ -26,7 +26,9 @@ The rules checked (DESIGN.md section 4, with byte-range poison):
   region writes; regions of the same submission that had not started are skipped, and those
   ordered after the failed one (by a conflict inside the graph) are always skipped.
 * A region is refused (`PoisonedError`) iff the bytes it reads overlap poisoned bytes at its
-  point in admission order; a refused region poisons what it writes. A skipped region
+  point in admission order; a refused region poisons what it writes. "The bytes it reads" are
+  those of all its operations, checked as the region starts, so a region that overwrites a
+  poisoned buffer whole and then reads it is refused too. A skipped region
   (cancelled, behind a failure of its own submission, or behind a failed/cancelled `after=`
   dependency) neither writes nor poisons.
 * Poison is cleared only by a fill or copy whose destination is a whole allocation and that
@@ -965,12 +967,20 @@ def check(program: Program, obs: Observation, backend: str, budget: int = 400_00
                 )
             elif isinstance(error, PoisonedError):
                 ok = bool(refused)
-
             if not ok:
+                nodes = program.graphs[record.graph]
+                notes = [
+                    f" (region {k} overwrites {', '.join(sorted(own))} whole before reading "
+                    "it; it is still refused, because what a region reads is checked as the "
+                    "region starts)"
+                    for k in refused
+                    if (own := _cleared_then_read([nodes[n] for n in info.regions[k].nodes], size))
+                ]
                 fail(
                     pos,
                     f"{where(call)}: regions {outs}; expected ExecutionError of region "
-                    f"{failed} or PoisonedError (refused {refused}), got {error!r}",
+                    f"{failed} or PoisonedError (refused {refused}), got {error!r}"
+                    + "".join(notes),
                     st_,
                 )
             return ok
@@ -1032,6 +1042,17 @@ def check(program: Program, obs: Observation, backend: str, budget: int = 400_00
             f"no legal sequential explanation. Furthest the model got: {best[1]}\n"
             f"(region outcomes on that path: {path})\n\n{header}"
         )
+
+
+def _cleared_then_read(nodes: Sequence[Node], size: dict[str, int]) -> set[str]:
+    """Buffers a fill or copy of `nodes` overwrites whole before a later node reads them."""
+    cleared: set[str] = set()
+    found: set[str] = set()
+    for node in nodes:
+        found.update(v.buf for v in node.read_views() if v.buf in cleared)
+        if node.kind in ("fill", "copy") and node.dst is not None and _whole(node.dst, size):
+            cleared.add(node.dst.buf)
+    return found
 
 
 def _hex(chunks: Sequence[bytes]) -> str:

@@ -17,8 +17,11 @@ after a bound.
     pytest tests/test_stateful.py                      # sim (and cuda/hip where usable)
     pytest -m slow tests/test_stateful.py              # the long run, 2000 examples per loop
     HRX_STATEFUL_EXAMPLES=10000 pytest -m slow tests/test_stateful.py
-    HRX_TEST_BACKENDS=cuda pytest -m cuda tests/test_stateful.py   # on an NVIDIA GPU
+    HRX_TEST_BACKENDS=cuda pytest -m cuda tests/test_stateful.py            # an NVIDIA GPU
+    HRX_TEST_BACKENDS=cuda pytest -m "slow and cuda" tests/test_stateful.py # its long run
 
+HRX_STATEFUL_QUICK_EXAMPLES sets the examples of the short run (60 per loop);
+HRX_STATEFUL_SETTLE_S the bound on every wait (10 s; a lower one shrinks hangs faster).
 On a GPU backend the GPU kernels are CUDA C++ (they cannot log, so their ordering shows in
 the bytes) and failures go through host functions and the sim NPU only.
 """
@@ -388,8 +391,12 @@ def run_and_check(program: Program, backend: str, loop: str) -> None:
 
 
 _HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+# Hypothesis stops shrinking a failure after five minutes; the timeouts leave it that time, so a
+# failure (above all a hang, which costs SETTLE_S per try) is reported instead of cut off.
+_SHRINK_S = 360
 
 
+@pytest.mark.timeout(120 + _SHRINK_S)
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=_HEALTH)
 @given(program=programs())
@@ -405,6 +412,7 @@ def long_run(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(int(LONG_EXAMPLES * 0.5) + 600 + _SHRINK_S)
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 @settings(max_examples=LONG_EXAMPLES, deadline=None, suppress_health_check=_HEALTH)
 @given(program=programs(max_steps=32))
