@@ -35,6 +35,7 @@ class PreparedGraph:
         "plan",
         "programs",
         "providers",
+        "region_inputs",
         "runtime",
         "steps",
     )
@@ -67,6 +68,11 @@ class PreparedGraph:
         """Per region, what admission needs, worked out once: its plan, program, provider,
         queue key and byte-range accesses (reads first) as (buffer ident, start, end, writes)."""
         self.clears = tuple(_written_whole(plan, region) for region in plan.regions)
+        """Per region, the buffers it writes whole: running it clears their poison."""
+        self.region_inputs = tuple(
+            _read_before_written([plan.nodes[i] for i in region.nodes]) for region in plan.regions
+        )
+        """Per region, the bytes it reads before writing them itself: poisoned, they refuse it."""
         """Per region, the buffers it writes whole: running it clears their poison."""
         self.input_reads = _read_before_written(plan.nodes)
         """The bytes the graph reads before writing them itself: poisoned, they refuse it."""

@@ -512,13 +512,18 @@ def graph_info(nodes: Sequence[Node], logging_kinds: frozenset[str]) -> GraphInf
             RegionInfo(
                 index=index,
                 nodes=group,
-                reads=[v for v, r, _ in accesses if r],
+                reads=_read_before_written([nodes[n] for n in group]),
                 writes=[v for v, _, w in accesses if w],
                 accesses=accesses,
                 conflicts_before=[r.index for r in regions if _conflict(r.accesses, accesses)],
                 logged=any(nodes[n].kind in logging_kinds for n in group),
             )
         )
+    return GraphInfo(tuple(nodes), regions, _read_before_written(nodes))
+
+
+def _read_before_written(nodes: Sequence[Node]) -> list[V]:
+    """The bytes `nodes` read (in order) before one of them wrote them (one byte per view)."""
     written: dict[str, set[int]] = {}
     inputs: list[V] = []
     for node in nodes:
@@ -528,7 +533,7 @@ def graph_info(nodes: Sequence[Node], logging_kinds: frozenset[str]) -> GraphInf
         for view, _, writes in node.accesses():
             if writes:
                 written.setdefault(view.buf, set()).update(range(view.offset, view.end))
-    return GraphInfo(tuple(nodes), regions, inputs)
+    return inputs
 
 
 # -- observations ----------------------------------------------------------------------------

@@ -541,3 +541,19 @@ async def test_submit_does_not_refuse_bytes_an_admitted_overwrite_will_clear() -
         await partial
         await reader
         assert await read(out) == bytes([9] * 4 + [7] * (N - 4))
+
+
+async def test_a_region_reading_bytes_it_overwrote_itself_is_not_refused() -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        out = rt.allocate(N, hrx.HOST_VISIBLE)
+        g = rt.graph("fail")
+        g.host(broken_host, [(h.view(), hrx.Access.WRITE)])
+        with pytest.raises(ExecutionError):
+            await g.prepare().submit()
+        g = rt.graph("refill then read")  # one region: the fill defines what the copy reads
+        g.fill(h.view(), 5)
+        g.copy(out.view(), h.view())
+        await g.prepare().submit()
+        assert h.poison is None and out.poison is None
+        assert await read(out) == bytes([5]) * N

@@ -25,7 +25,7 @@ from ..errors import (
     HrxError,
     PoisonedError,
 )
-from ..graph import RegionPlan
+from ..graph import Interval, RegionPlan
 from .lane import Lane
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class RegionRun:
         "estimates",
         "fence",
         "followers",
+        "inputs",
         "issued_waiters",
         "key",
         "outcome",
@@ -79,6 +80,7 @@ class RegionRun:
         estimates: list[float],
         key: tuple[Lane, int],
         clears: tuple[Buffer, ...] = (),
+        inputs: Sequence[Interval] | None = None,
     ) -> None:
         self.submission = submission
         self.plan = plan
@@ -87,6 +89,8 @@ class RegionRun:
         self.estimates = estimates
         self.key = key
         self.clears = clears
+        self.inputs: Sequence[Interval] = plan.reads if inputs is None else inputs
+        """The bytes it reads before writing them itself: poisoned, they refuse it."""
         """Buffers this region writes whole: running clears their poison."""
         self.deps: Sequence[RegionRun] = ()
         self.state = QUEUED
@@ -178,7 +182,7 @@ class RegionRun:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
         if submission.cancelled or submission.scheduler.leaving:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
-        found = submission.scheduler.poison_book.find(self.plan.reads) if poison else None
+        found = submission.scheduler.poison_book.find(self.inputs) if poison else None
         if found is not None:
             return PoisonedError(found[0], found[1])
         return None

@@ -175,9 +175,11 @@ class Scheduler:
         estimates = prepared.estimates
         runs = submission.runs
         clears = prepared.clears
+        inputs = prepared.region_inputs
         for region, program, provider, key, accesses in steps:
+            index = region.index
             run = RegionRun(
-                submission, region, program, provider, estimates, key, clears[region.index]
+                submission, region, program, provider, estimates, key, clears[index], inputs[index]
             )
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
