@@ -21,8 +21,21 @@ The weights are generated deterministically and saved as safetensors on first ru
 
 POST /v1/classify takes `{"images": [[[[...]]]]}` (n x 3 x 16 x 16 numbers) or raw
 float32 bytes (`Content-Type: application/octet-stream`) and answers
-`{"logits": [[...10 numbers]...], "labels": [...]}`. GET /v1/model/stats shows the
-layer's counters; /healthz, /stats and /metrics come from `RuntimeService`.
+`{"logits": [[...10 numbers]...], "labels": [...]}`.
+
+POST /v1/classify_image takes pictures of any size: raw u8 pixels, HWC (RGB), as
+`application/octet-stream` with `X-Image-Shape: height,width,3` (or `n,height,width,3`
+for n pictures of one size; `X-Image-Dtype`, when given, must be `u8`). The
+preprocessing runs on the device through `hrx_async.image.ImageOps`, recorded into the
+same graph as the model:
+
+    raw u8 [B,h,w,3] nhwc -> resize (bilinear, half-pixel) -> u8 [B,16,16,3]
+    -> normalize ((x/255 - mean) / std) -> f32 [B,3,16,16] nchw -> patchify -> patches ...
+
+and answers like /v1/classify. Its plans are cached by (batch size, height, width) and
+the image kernels by shape in `ImageOps`' own cache, so a repeated shape prepares
+nothing. GET /v1/model/stats shows the layer's counters; /healthz, /stats and /metrics
+come from `RuntimeService`.
 
 Run it:  python examples/model_server.py --port 8000 [--backend sim|cuda|auto]
 """
@@ -38,13 +51,14 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
+from hrx_async.image import ImageOps
 from hrx_async.serve import RuntimeService
 
 C, H, W, P = 3, 16, 16, 4
@@ -62,6 +76,10 @@ EXPECT = {
     "b2": ("f32", (CLASSES,)),
 }
 WEIGHTS_KEY = "classifier"
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+MAX_SIDE = 1024  # largest picture height or width /v1/classify_image takes
+IMAGE_PLANS = 8  # (batch size, height, width) plans kept for /v1/classify_image
 
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
@@ -96,6 +114,33 @@ def reference(images: np.ndarray[Any, Any], weights: dict[str, Any]) -> np.ndarr
     h = np.maximum(h + weights["b1"], np.float32(0))
     pooled = h.reshape(-1, CELLS, D).mean(axis=1, dtype=np.float32)
     return (pooled @ weights["w2"] + weights["b2"]).astype(np.float32)
+
+
+def preprocess(pictures: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """/v1/classify_image's preprocessing in numpy, float32 step by step: u8 [n,h,w,3] ->
+    bilinear resize to 16x16 with half-pixel centres and clamped edges (OpenCV's
+    INTER_LINEAR), rounded half up to u8 -> (x/255 - mean) / std as f32 [n,3,16,16]."""
+
+    def taps(dst: int, src: int) -> tuple[Any, Any, Any]:
+        num = (2 * np.arange(dst) + 1) * src - dst  # source position = num / (2 dst) - 1/2
+        i0 = num // (2 * dst)
+        frac = (num - i0 * 2 * dst).astype(np.float32) / np.float32(2 * dst)
+        edge = (i0 < 0) | (i0 >= src - 1)
+        i0 = np.clip(i0, 0, src - 1)
+        return i0, np.minimum(i0 + 1, src - 1), np.where(edge, np.float32(0), frac)
+
+    p = np.asarray(pictures, np.uint8).astype(np.float32)
+    y0, y1, fy = taps(H, p.shape[1])
+    x0, x1, fx = taps(W, p.shape[2])
+    fx, fy = fx[None, None, :, None], fy[None, :, None, None]
+
+    def row(y: Any) -> Any:
+        return p[:, y][:, :, x0] * (1 - fx) + p[:, y][:, :, x1] * fx
+
+    small = np.clip(np.floor(row(y0) * (1 - fy) + row(y1) * fy + np.float32(0.5)), 0, 255)
+    mean, std = np.asarray(MEAN, np.float32), np.asarray(STD, np.float32)
+    x: np.ndarray[Any, Any] = (small * np.float32(1 / 255) - mean) / std
+    return x.transpose(0, 3, 1, 2).astype(np.float32)
 
 
 # -- kernels: numpy for sim, CUDA C++ for the GPU backend; the matrix products on the NPU --
@@ -165,7 +210,7 @@ R, WR = hrx.Access.READ, hrx.Access.WRITE
 
 
 class Plan:
-    """The prepared model for one batch size, holding a lease on the weights."""
+    """The prepared model for one batch size (and picture size), leasing the weights."""
 
     def __init__(self, model: hrx.PreparedModel, lease: hrx.Lease[hrx.Weights]) -> None:
         self.model = model
@@ -179,8 +224,18 @@ class Plan:
         self.lease.release()
 
 
-def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) -> hrx.PreparedModel:
-    rows = batch * CELLS
+class Head(NamedTuple):
+    """The model after the patches: its four kernels for one batch size."""
+
+    mm1: hrx.NpuKernel
+    pool: hrx.GpuKernel
+    mm2: hrx.NpuKernel
+    bias: hrx.GpuKernel
+
+
+def gpu_kernel(
+    rt: hrx.Runtime, batch: int, cxx: str, name: str, host: Any, threads: int, *bindings: Any
+) -> hrx.GpuKernel:
     defines = {
         "BATCH": batch,
         "CELLS": CELLS,
@@ -192,17 +247,17 @@ def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) ->
         "W": W,
         "P": P,
     }
+    return rt.load_gpu_kernel(
+        hrx.KernelSource(cxx=cxx, host=host),
+        name,
+        (math.ceil(threads / 128), 1, 1),
+        (128, 1, 1),
+        contract(*bindings),
+        defines=defines,
+    )
 
-    def gpu(cxx: str, name: str, host: Any, threads: int, *bindings: Any) -> hrx.GpuKernel:
-        return rt.load_gpu_kernel(
-            hrx.KernelSource(cxx=cxx, host=host),
-            name,
-            (math.ceil(threads / 128), 1, 1),
-            (128, 1, 1),
-            contract(*bindings),
-            defines=defines,
-        )
 
+def load_head(rt: hrx.Runtime, batch: int) -> Head:
     def npu(m: int, k: int, n: int) -> hrx.NpuKernel:
         return rt.npu(0).load_artifact(
             hrx.KernelSource(host=matmul_host(m, k, n)),
@@ -211,40 +266,80 @@ def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) ->
             contract((m * k, R), (k * n, R), (m * n, WR)),
         )
 
-    n_in = batch * C * H * W
-    k_patch = gpu(PATCHIFY_CXX, "patchify", patchify_host, rows * K, (n_in, R), (rows * K, WR))
-    k_pool = gpu(
-        POOL_CXX, "bias_relu_pool", pool_host, batch * D, (rows * D, R), (D, R), (batch * D, WR)
+    rows, out = batch * CELLS, batch * CLASSES
+    pool = gpu_kernel(
+        rt, batch, POOL_CXX, "bias_relu_pool", pool_host, batch * D,
+        (rows * D, R), (D, R), (batch * D, WR),
+    )  # fmt: skip
+    bias = gpu_kernel(
+        rt, batch, BIAS_CXX, "add_bias", bias_host, out, (out, R), (CLASSES, R), (out, WR)
     )
-    k_bias = gpu(
-        BIAS_CXX,
-        "add_bias",
-        bias_host,
-        batch * CLASSES,
-        (batch * CLASSES, R),
-        (CLASSES, R),
-        (batch * CLASSES, WR),
+    return Head(npu(rows, K, D), pool, npu(batch, D, CLASSES), bias)
+
+
+def record_head(
+    ctx: hrx.ModelContext, g: hrx.Graph, head: Head, weights: hrx.Weights, patches: hrx.Tensor
+) -> hrx.Tensor:
+    """Record patches [B*16, 48] -> logits [B, 10] into `g`; the logits tensor."""
+    batch, npu_memory, t = patches.shape[0] // CELLS, hrx.shared(0), ctx.tensor
+    h = t(hrx.TensorDesc("f32", (batch * CELLS, D)), npu_memory, "h")
+    pooled = t(hrx.TensorDesc("f32", (batch, D)), npu_memory, "pooled")
+    raw = t(hrx.TensorDesc("f32", (batch, CLASSES)), npu_memory, "raw")
+    logits = t(hrx.TensorDesc("f32", (batch, CLASSES)), hrx.GPU_LOCAL, "logits")
+    g.npu(head.mm1, [patches.view, weights["w1"].view, h.view])
+    g.gpu(head.pool, [h.view, weights["b1"].view, pooled.view])
+    g.npu(head.mm2, [pooled.view, weights["w2"].view, raw.view])
+    g.gpu(head.bias, [raw.view, weights["b2"].view, logits.view])
+    return logits
+
+
+def patches_tensor(ctx: hrx.ModelContext, batch: int) -> hrx.Tensor:
+    desc = hrx.TensorDesc("f32", (batch * CELLS, K), layout="rows")
+    return ctx.tensor(desc, hrx.shared(0), "patches")
+
+
+def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) -> hrx.PreparedModel:
+    rows, n_in = batch * CELLS, batch * C * H * W
+    k_patch = gpu_kernel(
+        rt, batch, PATCHIFY_CXX, "patchify", patchify_host, rows * K, (n_in, R), (rows * K, WR)
     )
-    k_mm1, k_mm2 = npu(rows, K, D), npu(batch, D, CLASSES)
-    npu_memory = hrx.shared(0)
+    head = load_head(rt, batch)
 
     def factory(ctx: hrx.ModelContext, index: int) -> hrx.SlotIO:
-        t = ctx.tensor
-        x = t(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
-        patches = t(hrx.TensorDesc("f32", (rows, K), layout="rows"), npu_memory, "patches")
-        h = t(hrx.TensorDesc("f32", (rows, D)), npu_memory, "h")
-        pooled = t(hrx.TensorDesc("f32", (batch, D)), npu_memory, "pooled")
-        raw = t(hrx.TensorDesc("f32", (batch, CLASSES)), npu_memory, "raw")
-        logits = t(hrx.TensorDesc("f32", (batch, CLASSES)), hrx.GPU_LOCAL, "logits")
+        x = ctx.tensor(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
+        patches = patches_tensor(ctx, batch)
         g = rt.graph(f"classifier-b{batch}")
         g.gpu(k_patch, [x.view, patches.view])
-        g.npu(k_mm1, [patches.view, weights["w1"].view, h.view])
-        g.gpu(k_pool, [h.view, weights["b1"].view, pooled.view])
-        g.npu(k_mm2, [pooled.view, weights["w2"].view, raw.view])
-        g.gpu(k_bias, [raw.view, weights["b2"].view, logits.view])
+        logits = record_head(ctx, g, head, weights, patches)
         return hrx.SlotIO({"x": x}, {"logits": logits}, g.prepare())
 
     return hrx.PreparedModel(hrx.ModelContext(rt), slots, factory, f"classifier-b{batch}")
+
+
+async def build_image_plan(
+    rt: hrx.Runtime, ops: ImageOps, weights: hrx.Weights, shape: tuple[int, int, int], slots: int
+) -> hrx.PreparedModel:
+    """The model behind device preprocessing of u8 [batch, height, width, 3] pictures; every
+    slot is recorded here (the image operations are awaited for their plans)."""
+    batch, height, width = shape
+    head = load_head(rt, batch)
+    ctx, label = hrx.ModelContext(rt), f"image-classifier-b{batch}-{height}x{width}"
+    slot_ios: list[hrx.SlotIO] = []
+    for _ in range(slots):
+        t = ctx.tensor
+        raw = t(
+            hrx.TensorDesc("u8", (batch, height, width, C), layout="nhwc"), hrx.GPU_LOCAL, "image"
+        )
+        small = t(hrx.TensorDesc("u8", (batch, H, W, C), layout="nhwc"), hrx.GPU_LOCAL, "small")
+        x = t(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
+        patches = patches_tensor(ctx, batch)
+        g = rt.graph(label)
+        await ops.resize(g, raw, small, "bilinear")
+        await ops.normalize(g, small, x, MEAN, STD)
+        await ops.patchify(g, x, patches, P)
+        logits = record_head(ctx, g, head, weights, patches)
+        slot_ios.append(hrx.SlotIO({"image": raw}, {"logits": logits}, g.prepare()))
+    return hrx.PreparedModel(ctx, slots, lambda _ctx, index: slot_ios[index], label)
 
 
 def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
@@ -268,6 +363,39 @@ def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
     return images
 
 
+class TooLarge(ValueError):
+    """A request bigger than the server takes (answered 413)."""
+
+
+def decode_image(body: bytes, shape: str | None, dtype: str | None) -> np.ndarray[Any, Any]:
+    """Raw u8 HWC pixels with their shape as u8 [n, h, w, 3] (runs on a worker thread)."""
+    if dtype is not None and dtype.strip().lower() not in ("u8", "uint8"):
+        raise ValueError(f"pixels must be u8 (one byte per channel), got X-Image-Dtype {dtype!r}")
+    usage = f"X-Image-Shape must be 'height,width,{C}' or 'n,height,width,{C}'"
+    if shape is None:
+        raise ValueError(f"{usage}: the header is missing")
+    try:
+        dims = tuple(int(v) for v in shape.split(","))
+    except ValueError:
+        raise ValueError(f"{usage}, got {shape!r}") from None
+    if len(dims) == 3:
+        dims = (1, *dims)
+    if len(dims) != 4 or dims[3] != C:
+        raise ValueError(f"{usage} (RGB, channels last), got {shape!r}")
+    n, h, w, _ = dims
+    if min(dims) < 1:
+        raise ValueError(f"an image needs at least one pixel, got shape {list(dims)}")
+    if n > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} images per request, got {n}")
+    if h > MAX_SIDE or w > MAX_SIDE:
+        raise TooLarge(f"images are at most {MAX_SIDE}x{MAX_SIDE} pixels, got {h}x{w}")
+    if len(body) != n * h * w * C:
+        raise ValueError(
+            f"{len(body)} bytes do not hold {n}x{h}x{w}x{C} u8 pixels ({n * h * w * C} bytes)"
+        )
+    return np.frombuffer(body, np.uint8).reshape(n, h, w, C)
+
+
 class ModelServer:
     """The app's resources: weights residency, a plan cache by batch size, and jobs."""
 
@@ -279,10 +407,14 @@ class ModelServer:
         self.plans: hrx.PlanCache[Plan] = hrx.PlanCache(
             len(BATCHES), release=Plan.close, label="plans"
         )
+        self.image_plans: hrx.PlanCache[Plan] = hrx.PlanCache(
+            IMAGE_PLANS, release=Plan.close, label="image plans"
+        )
+        self.ops = ImageOps(rt, capacity=32)
         self.jobs: hrx.Jobs | None = None
 
-    async def prepare(self, batch: int) -> Plan:
-        lease = await hrx.load_safetensors(
+    async def lease_weights(self) -> hrx.Lease[hrx.Weights]:
+        return await hrx.load_safetensors(
             self.rt,
             self.residency,
             WEIGHTS_KEY,
@@ -292,8 +424,20 @@ class ModelServer:
             wait=True,
             timeout=30,
         )
+
+    async def prepare(self, batch: int) -> Plan:
+        lease = await self.lease_weights()
         try:
             return Plan(build_plan(self.rt, lease.value, batch, self.slots), lease)
+        except BaseException:
+            lease.release()
+            raise
+
+    async def prepare_image(self, shape: tuple[int, int, int]) -> Plan:
+        lease = await self.lease_weights()
+        try:
+            model = await build_image_plan(self.rt, self.ops, lease.value, shape, self.slots)
+            return Plan(model, lease)
         except BaseException:
             lease.release()
             raise
@@ -307,10 +451,28 @@ class ModelServer:
             outputs = await plan.model.infer({"x": padded})
         return outputs["logits"][:n]
 
+    async def classify_image(self, pictures: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        n, height, width, _ = pictures.shape
+        batch = next(b for b in BATCHES if b >= n)
+        padded = np.zeros((batch, height, width, C), np.uint8)
+        padded[:n] = pictures
+        key = (batch, height, width)
+        async with self.image_plans.use(key, lambda: self.prepare_image(key), timeout=30) as plan:
+            outputs = await plan.model.infer({"image": padded})
+        return outputs["logits"][:n]
+
+    async def close(self) -> None:
+        await self.plans.clear()
+        await self.image_plans.clear()
+        await self.ops.clear()
+        await self.residency.clear()
+
     def stats(self) -> dict[str, Any]:
         jobs = self.jobs
         return {
             "plans": self.plans.stats().to_dict(),
+            "image_plans": self.image_plans.stats().to_dict(),
+            "image_ops": self.ops.stats().to_dict(),
             "residency": self.residency.stats().to_dict(),
             "jobs": None
             if jobs is None
@@ -343,8 +505,7 @@ def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 
                     yield
                 finally:
                     server.jobs = None
-                    await server.plans.clear()
-                    await server.residency.clear()
+                    await server.close()
 
     app = FastAPI(title="hrx_async model server", lifespan=lifespan)
     app.state.service = service
@@ -366,6 +527,31 @@ def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         logits = await server.classify(images)
+        return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
+
+    @app.post("/v1/classify_image")
+    async def classify_image(
+        request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
+    ) -> JSONResponse:
+        kind = request.headers.get("content-type", "").split(";")[0].strip()
+        if kind != "application/octet-stream":
+            raise HTTPException(
+                415, f"send raw u8 HWC pixels as application/octet-stream, not {kind!r}"
+            )
+        body = await request.body()
+        if len(body) > MAX_BATCH * MAX_SIDE * MAX_SIDE * C:
+            raise HTTPException(413, "body too large")
+        shape, dtype = request.headers.get("x-image-shape"), request.headers.get("x-image-dtype")
+        assert server.jobs is not None
+        try:
+            pictures = await server.jobs.run(decode_image, body, shape, dtype)
+        except hrx.Busy as exc:
+            raise HTTPException(503, str(exc)) from None
+        except TooLarge as exc:
+            raise HTTPException(413, str(exc)) from None
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        logits = await server.classify_image(pictures)
         return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
 
     @app.get("/v1/model/stats")

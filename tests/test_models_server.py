@@ -119,3 +119,120 @@ async def test_the_weights_file_is_checked(tmp_path: Path) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
             with pytest.raises(hrx.MislabeledArtifact):
                 await client.post("/v1/classify", json={"images": np.ones((1, 3, 16, 16)).tolist()})
+
+
+def raw_request(pictures: np.ndarray[Any, Any]) -> dict[str, Any]:
+    shape = ",".join(str(d) for d in pictures.shape)
+    return {
+        "content": pictures.tobytes(),
+        "headers": {"content-type": "application/octet-stream", "x-image-shape": shape},
+    }
+
+
+async def test_image_requests_are_preprocessed_on_the_device_like_the_reference(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (example, _app, client):
+        weights = example.make_weights()
+        rng = np.random.default_rng(2)
+        shapes = [(32, 32), (48, 64), (16, 16), (20, 36), (7, 5)]
+        failures: list[str] = []
+
+        async def one(i: int) -> None:
+            n = int(rng.integers(1, 4)) if i % 5 else 5
+            h, w = shapes[i % len(shapes)]
+            pictures = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+            request = raw_request(pictures if n > 1 or i % 2 else pictures[0])
+            reply = await client.post("/v1/classify_image", **request)
+            assert reply.status_code == 200, reply.text
+            logits = np.array(reply.json()["logits"], np.float32)
+            expected = example.reference(example.preprocess(pictures), weights)
+            if logits.shape != expected.shape or not np.allclose(
+                logits, expected, rtol=1e-4, atol=1e-5
+            ):
+                failures.append(f"request {i} ({n}x{h}x{w}): {logits} != {expected}")
+            assert reply.json()["labels"] == expected.argmax(axis=1).tolist()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(one, i)
+        assert failures == []
+        stats = (await client.get("/v1/model/stats")).json()
+        assert stats["residency"]["resources"] == 1 and stats["residency"]["misses"] == 1
+        assert stats["image_plans"]["entries"] <= 8
+        assert stats["jobs"]["submitted"] == 20
+
+
+async def test_a_repeated_image_shape_prepares_nothing_new(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (example, app, client):
+        weights = example.make_weights()
+        rng = np.random.default_rng(3)
+        runtime = app.state.service.resources.rt
+
+        async def classify(shape: tuple[int, ...]) -> dict[str, Any]:
+            pictures = rng.integers(0, 256, shape, dtype=np.uint8)
+            reply = await client.post("/v1/classify_image", **raw_request(pictures))
+            assert reply.status_code == 200, reply.text
+            expected = example.reference(
+                example.preprocess(pictures.reshape(-1, *shape[-3:])), weights
+            )
+            np.testing.assert_allclose(reply.json()["logits"], expected, rtol=1e-4, atol=1e-5)
+            stats: dict[str, Any] = (await client.get("/v1/model/stats")).json()
+            return stats
+
+        first = await classify((40, 24, 3))
+        # one plan (both slots recorded), three image kernels loaded: slot 1 reused slot 0's
+        assert first["image_plans"]["misses"] == 1
+        assert first["image_ops"]["kernels_loaded"] == 3
+        assert first["image_ops"]["misses"] == 3 and first["image_ops"]["hits"] == 3
+        before = runtime.statistics()
+        for _ in range(3):
+            again = await classify((40, 24, 3))
+            assert again["image_ops"] == first["image_ops"]
+            assert again["image_plans"]["misses"] == 1
+        after = runtime.statistics()
+        assert after.native_graphs_prepared == before.native_graphs_prepared
+        assert again["image_plans"]["hits"] == 3
+        # another picture size of the same batch: only its resize is new
+        other = await classify((1, 64, 48, 3))
+        assert other["image_plans"]["misses"] == 2
+        assert other["image_ops"]["kernels_loaded"] == 4
+        # the float32 endpoint keeps its own plans
+        assert other["plans"]["misses"] == 0
+
+
+async def test_bad_image_requests_are_refused_with_a_reason(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (_example, _app, client):
+        pixels = np.zeros((8, 8, 3), np.uint8).tobytes()
+        octet = "application/octet-stream"
+        cases: list[tuple[int, str, bytes, dict[str, str]]] = [
+            (422, "header is missing", pixels, {}),
+            (422, "X-Image-Shape", pixels, {"x-image-shape": "8,8"}),
+            (422, "X-Image-Shape", pixels, {"x-image-shape": "eight,8,3"}),
+            (422, "RGB", pixels, {"x-image-shape": "8,6,4"}),
+            (422, "bytes do not hold", pixels, {"x-image-shape": "8,9,3"}),
+            (422, "bytes do not hold", pixels[:-1], {"x-image-shape": "8,8,3"}),
+            (422, "at least one pixel", b"", {"x-image-shape": "0,8,3"}),
+            (422, "at least one pixel", b"", {"x-image-shape": "1,-8,8,3"}),
+            (422, "at most 8 images", pixels * 9, {"x-image-shape": "9,8,8,3"}),
+            (422, "u8", pixels, {"x-image-shape": "8,8,3", "x-image-dtype": "f32"}),
+            (413, "at most 1024x1024", b"\0" * 3075, {"x-image-shape": "1,1025,3"}),
+            (413, "too large", b"\0" * (8 * 1024 * 1024 * 3 + 1), {"x-image-shape": "8,8,3"}),
+        ]
+        for status, reason, body, headers in cases:
+            reply = await client.post(
+                "/v1/classify_image", content=body, headers={"content-type": octet, **headers}
+            )
+            assert reply.status_code == status, (headers, reply.text)
+            assert reason in reply.json()["detail"], (headers, reply.text)
+        reply = await client.post("/v1/classify_image", json={"images": [[[0, 0, 0]]]})
+        assert reply.status_code == 415 and "octet-stream" in reply.json()["detail"]
+        stats = (await client.get("/v1/model/stats")).json()
+        assert stats["image_plans"]["misses"] == 0 and stats["image_ops"]["kernels_loaded"] == 0
+        # refused requests leave the server serving
+        reply = await client.post(
+            "/v1/classify_image",
+            content=pixels,
+            headers={"content-type": octet, "x-image-shape": "8,8,3", "x-image-dtype": "u8"},
+        )
+        assert reply.status_code == 200 and len(reply.json()["labels"]) == 1
