@@ -1,7 +1,7 @@
 """An in-memory stand-in for XRT's `pyxrt` binding, for tests only.
 
 Same names, constructor forms, overloads and enum values as the binding
-(`../shared/reference/xrt/`): no default offsets on `bo.read`/`bo.write`/the
+(XRT's `pyxrt.cpp` and `pyxrt.pyi`): no default offsets on `bo.read`/`bo.write`/the
 3-argument `bo.sync`; `kernel.__call__` silently skips arguments that are
 neither a bo nor an int; `run.state()` returns the plain int 3 while running
 (the enum has no RUNNING). Buffers keep two copies of their bytes, the host's

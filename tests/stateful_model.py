@@ -18,7 +18,7 @@ the outcomes it cannot see and accepts the run when at least one assignment expl
 observation: the log (what ran, what it read, and in which order), each completion's outcome,
 each buffer's final bytes and poison flag.
 
-The rules checked (DESIGN.md section 4, with byte-range poison):
+The rules checked (the README's rules table, with byte-range poison):
 
 * Conflicting operations (overlapping bytes, at least one write) never overlap in time and
   run in admission order; what every logged operation read equals the model's bytes there.

@@ -1,7 +1,7 @@
 """The xrt backend and the fake pyxrt against XRT's own binding, without an NPU.
 
-The binding's surface is read from the vendored sources in
-`../shared/reference/xrt/`: the stub `pyxrt.pyi` (parsed with `ast`) and the
+The binding's surface is read from XRT's sources, when they are at hand beside
+this checkout (and otherwise from `xrt_binding_surface.json`, made from them): the stub `pyxrt.pyi` (parsed with `ast`) and the
 binding `pyxrt.cpp` (its `py::class_`/`py::enum_` declarations and `.def` /
 `.value` chains). The vendored stub stops after `run.__init__`, so `bo`,
 `kernel`, `xclbin` and the rest of `run` come from the binding source alone;
@@ -46,7 +46,7 @@ MODULE_NAMES = {"xrt", "module"}
 NOT_PYXRT = {"self._wake", "self._thread", "thread", "self.lock", "path", "data"}
 """Receivers in the backend that are threading or pathlib objects, not pyxrt ones."""
 
-# Values from XRT's headers (ert.h, xrt/xrt_bo.h), as ../shared/reference/XRT.md lists them.
+# Values from XRT's headers (ert.h, xrt/xrt_bo.h).
 ENUM_VALUES = {
     "ert_cmd_state": {
         "ERT_CMD_STATE_NEW": 1,
