@@ -1,8 +1,8 @@
 """The xrt backend and the fake pyxrt against XRT's own binding, without an NPU.
 
 The binding's surface is read from XRT's sources, when they are at hand beside
-this checkout (and otherwise from `xrt_binding_surface.json`, made from them): the stub `pyxrt.pyi` (parsed with `ast`) and the
-binding `pyxrt.cpp` (its `py::class_`/`py::enum_` declarations and `.def` /
+this checkout (otherwise from `xrt_binding_surface.json`, made from them): the
+stub `pyxrt.pyi` (parsed with `ast`) and the binding `pyxrt.cpp` (its `py::class_`/`py::enum_` declarations and `.def` /
 `.value` chains). The vendored stub stops after `run.__init__`, so `bo`,
 `kernel`, `xclbin` and the rest of `run` come from the binding source alone;
 where both describe a name they must agree.
