@@ -2,10 +2,10 @@
 
 The binding's surface is read from XRT's sources, when they are at hand beside
 this checkout (otherwise from `xrt_binding_surface.json`, made from them): the
-stub `pyxrt.pyi` (parsed with `ast`) and the binding `pyxrt.cpp` (its `py::class_`/`py::enum_` declarations and `.def` /
-`.value` chains). The vendored stub stops after `run.__init__`, so `bo`,
-`kernel`, `xclbin` and the rest of `run` come from the binding source alone;
-where both describe a name they must agree.
+stub `pyxrt.pyi` (parsed with `ast`) and the binding `pyxrt.cpp` (its
+`py::class_`/`py::enum_` declarations and `.def` / `.value` chains). The stub
+stops after `run.__init__`, so `bo`, `kernel`, `xclbin` and the rest of `run`
+come from the binding source alone; where both describe a name they must agree.
 
 Then every pyxrt name `xrt.py`/`xrt_*.py` reach (found with `ast`: chains on
 the module object, constructor calls, and calls of binding methods on its
