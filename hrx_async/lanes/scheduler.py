@@ -2,10 +2,12 @@
 
 `Scheduler.submit` is synchronous: it checks the submission, registers each
 region's byte ranges with the tracker (so ordering across submissions is per
-byte range, in call order) and issues what it can at once: a region whose
-dependencies are finished, or running on the same backend (device-side waits),
-on an idle lane. The rest goes to its lane's task (`lane_task.LaneRunner`),
-which waits for dependencies on the host and issues in FIFO order. Fences come
+byte range, in call order) and issues what it can at once: a region on an idle
+lane whose dependencies are finished, or are earlier regions of its own
+submission issued to the same backend (device-side waits). The rest goes to its
+lane's task (`lane_task.LaneRunner`), which waits for dependencies (issued on the
+same backend, else finished) and issues in FIFO order; when it issues one, the
+later regions of that submission that waited only for it follow at once. Fences come
 back through their callbacks, from the loop's sweep of watched GPU streams
 (`watch.QueueWatch`) or from backend threads through the loop notifier.
 
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from ..backends.base import Fence
     from ..memory import Buffer
     from ..prepared import PreparedGraph, ReplayStep
+
 
 def _nothing_to_refuse() -> BaseException | None:
     """The preflight of a region launched before it had a submission: nothing can fail it."""
