@@ -19,7 +19,34 @@ from typing import Any
 import anyio
 import numpy as np
 
+import hrx_async as hrx
 from hrx_async.benchmark import Distribution
+
+MIX_CXX = r"""
+extern "C" __global__ void mix(const unsigned char* src, unsigned char* dst, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = (unsigned char)(src[i] * 3u + 1u);
+}
+"""
+"""The kernel of the three-region replay benchmarks: dst = src * 3 + 1 (bytes)."""
+
+
+def mix_replay(rt: Any, n: int, label: str) -> tuple[Any, Any, Any]:
+    """Upload `n` bytes, run `mix`, download: the prepared graph, its host input and output."""
+    host_in = rt.allocate(n, hrx.HOST_VISIBLE)
+    host_out = rt.allocate(n, hrx.HOST_VISIBLE)
+    dev_in = rt.allocate(n, hrx.GPU_LOCAL)
+    dev_out = rt.allocate(n, hrx.GPU_LOCAL)
+    contract = hrx.KernelContract(
+        [hrx.Binding(n, hrx.Access.READ, 1), hrx.Binding(n, hrx.Access.WRITE, 1)],
+        hrx.Constants().u32(n),
+    )
+    kernel = rt.load_gpu_kernel(hrx.KernelSource(cxx=MIX_CXX), "mix", (n // 256,), (256,), contract)
+    graph = rt.graph(label)
+    graph.copy(dev_in.view(), host_in.view())
+    graph.gpu(kernel, [dev_in.view(), dev_out.view()])
+    graph.copy(host_out.view(), dev_out.view())
+    return graph.prepare(), host_in, host_out
 
 
 def check(result: tuple[Any, ...]) -> Any:

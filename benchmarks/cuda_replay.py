@@ -14,17 +14,10 @@ import time
 from typing import Any
 
 import numpy as np
-from cuda_common import Direct, configure, parser, run
+from cuda_common import MIX_CXX, Direct, configure, mix_replay, parser, run
 
 import hrx_async as hrx
 from hrx_async.backends import cuda
-
-MIX_CXX = r"""
-extern "C" __global__ void mix(const unsigned char* src, unsigned char* dst, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = (unsigned char)(src[i] * 3u + 1u);
-}
-"""
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -32,22 +25,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     direct = Direct()
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         settings = configure(rt, args)
-        host_in = rt.allocate(n, hrx.HOST_VISIBLE)
-        host_out = rt.allocate(n, hrx.HOST_VISIBLE)
-        dev_in = rt.allocate(n, hrx.GPU_LOCAL)
-        dev_out = rt.allocate(n, hrx.GPU_LOCAL)
-        contract = hrx.KernelContract(
-            [hrx.Binding(n, hrx.Access.READ, 1), hrx.Binding(n, hrx.Access.WRITE, 1)],
-            hrx.Constants().u32(n),
-        )
-        kernel = rt.load_gpu_kernel(
-            hrx.KernelSource(cxx=MIX_CXX), "mix", (n // 256,), (256,), contract
-        )
-        graph = rt.graph("replay")
-        graph.copy(dev_in.view(), host_in.view())
-        graph.gpu(kernel, [dev_in.view(), dev_out.view()])
-        graph.copy(host_out.view(), dev_out.view())
-        prepared = graph.prepare()
+        prepared, host_in, host_out = mix_replay(rt, n, "replay")
         async with host_in.map_write() as memory:
             np.frombuffer(memory, np.uint8)[:] = np.arange(n) % 251
 
