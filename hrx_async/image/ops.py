@@ -20,6 +20,7 @@ the maths and the conventions are in `cxx` (device) and `host` (sim).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -57,14 +58,7 @@ class ImageStats:
     kernels_loaded: int
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "capacity": self.capacity,
-            "entries": self.entries,
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-            "kernels_loaded": self.kernels_loaded,
-        }
+        return dataclasses.asdict(self)
 
 
 def _key(tensor: Tensor) -> tuple[Any, ...]:

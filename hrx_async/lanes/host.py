@@ -45,7 +45,6 @@ class AsyncHostProgram:
         except BaseException as exc:
             # Every exception settles the region, BaseExceptions included: an escaping one
             # would end this task with the region, its submission and its awaiters pending.
-            run.apply_failure(exc)
             finish(run, exc)
         else:
             finish(run, None)

@@ -23,9 +23,12 @@ class LaneRunner:
         self.items: collections.deque[RegionRun] = collections.deque()
         self.wakeup: anyio.Event | None = None
         self.closing = False
-        self.busy = False
         self.current: RegionRun | None = None
         """The region this lane's task is issuing (it may be waiting for dependencies)."""
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
 
     def push(self, run: RegionRun) -> None:
         self.items.append(run)
@@ -55,10 +58,8 @@ class LaneRunner:
                     await self.wakeup.wait()
                     self.wakeup = None
                     continue
-                self.busy = True
                 self.current = items.popleft()
                 try:
                     await issue(self.current)
                 finally:
-                    self.busy = False
                     self.current = None

@@ -55,8 +55,7 @@ class PoisonBook:
                 else:
                     del expected[buffer.ident]
                 if ran and buffer.poison is not None:
-                    buffer.poison = None
-                    self._ranges.pop(buffer.ident, None)
+                    self._clear_locked(buffer)
 
     def expected(self, buffer: Buffer) -> bool:
         """Some admitted region not yet run will overwrite `buffer` whole."""
@@ -80,8 +79,11 @@ class PoisonBook:
         if buffer.poison is None:
             return
         with self._lock:
-            buffer.poison = None
-            self._ranges.pop(buffer.ident, None)
+            self._clear_locked(buffer)
+
+    def _clear_locked(self, buffer: Buffer) -> None:
+        buffer.poison = None
+        self._ranges.pop(buffer.ident, None)
 
     def find(self, intervals: Iterable[Interval]) -> tuple[str, HrxError] | None:
         """The first poisoned buffer `intervals` read from, with its cause; None if clean."""

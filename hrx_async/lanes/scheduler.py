@@ -407,7 +407,6 @@ class Scheduler:
         if isinstance(refusal, Cancelled) and run.submission.error is None:
             self.finish(run, None, skipped=True)
         else:
-            run.apply_failure(refusal)
             self.finish(run, refusal)
 
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:

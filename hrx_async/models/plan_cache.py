@@ -16,6 +16,7 @@ called; with no such entry the call raises `Busy`, or with `wait=True` waits for
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
@@ -42,13 +43,7 @@ class PlanCacheStats:
     evictions: int
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "capacity": self.capacity,
-            "entries": self.entries,
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-        }
+        return dataclasses.asdict(self)
 
 
 class PlanHandle(Hold[V]):

@@ -19,6 +19,7 @@ Failed loads reserve nothing and leave no entry. For one event loop thread.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,14 +49,7 @@ class ResidencyStats:
     misses: int
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "budget_bytes": self.budget_bytes,
-            "reserved_bytes": self.reserved_bytes,
-            "resources": self.resources,
-            "evictions": self.evictions,
-            "hits": self.hits,
-            "misses": self.misses,
-        }
+        return dataclasses.asdict(self)
 
 
 def buffers_of(value: object) -> list[Buffer]:
