@@ -517,38 +517,6 @@ def _ext() -> types.ModuleType:
     return ext
 
 
-def install() -> types.ModuleType:
-    """A fresh fake at `sys.modules["pyxrt"]` (and a fresh `FAKE` state); returns it."""
-    global FAKE
-    FAKE = State()
-    module = sys.modules[__name__]
-    module.FAKE = FAKE  # type: ignore[attr-defined]
-    fake = types.ModuleType("pyxrt")
-    for name in (
-        "XCL_BO_FLAGS_NONE",
-        "xclBOSyncDirection",
-        "ert_cmd_state",
-        "xrt_info_device",
-        "enumerate_devices",
-        "log_message",
-        "uuid",
-        "xclbin",
-        "device",
-        "hw_context",
-        "bo",
-        "kernel",
-        "run",
-    ):
-        setattr(fake, name, getattr(module, name))
-    fake.ext = _ext()  # type: ignore[attr-defined]
-    sys.modules["pyxrt"] = fake
-    return fake
-
-
-def uninstall() -> None:
-    sys.modules.pop("pyxrt", None)
-
-
 PUBLIC = (
     "XCL_BO_FLAGS_NONE",
     "xclBOSyncDirection",
@@ -565,3 +533,25 @@ PUBLIC = (
     "run",
     "ext",
 )
+"""The names of the fake module, as the binding exports them."""
+
+
+def install() -> types.ModuleType:
+    """A fresh fake at `sys.modules["pyxrt"]` (and a fresh `FAKE` state); returns it."""
+    global FAKE
+    FAKE = State()
+    module = sys.modules[__name__]
+    module.FAKE = FAKE  # type: ignore[attr-defined]
+    fake = types.ModuleType("pyxrt")
+    for name in PUBLIC:
+        if name != "ext":
+            setattr(fake, name, getattr(module, name))
+    fake.ext = _ext()  # type: ignore[attr-defined]
+    sys.modules["pyxrt"] = fake
+    return fake
+
+
+def uninstall() -> None:
+    sys.modules.pop("pyxrt", None)
+
+

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -67,3 +71,15 @@ async def read_bytes(rt: hrx.Runtime, buffer: hrx.Buffer) -> bytes:
 async def write_bytes(buffer: hrx.Buffer, data: bytes) -> None:
     async with buffer.map_write() as memory:
         memory[:] = data
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import the program at `path` (an example outside the package) once, as `name`."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,20 +14,14 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.helpers import load_module
+
 pytestmark = pytest.mark.anyio
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "model_server.py"
 
 
 def load_example() -> ModuleType:
-    name = "model_server_example"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(EXAMPLE, "model_server_example")
 
 
 @asynccontextmanager

@@ -8,7 +8,6 @@ every answer and stops the server with SIGINT, expecting a drained runtime.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from hrx_async.serve import (  # noqa: E402
     prometheus_text,
     runtime_threads,
 )
+from tests.helpers import load_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "service.py"
@@ -48,15 +48,7 @@ pytestmark = pytest.mark.anyio
 
 
 def load_example() -> ModuleType:
-    name = "hrx_example_service"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(EXAMPLE, "hrx_example_service")
 
 
 @asynccontextmanager
