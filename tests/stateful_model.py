@@ -1009,20 +1009,8 @@ def check(program: Program, obs: Observation, backend: str, budget: int = 400_00
                     st_,
                 )
                 return False
-        for name in size:
-            actual = np.frombuffer(obs.final[name], np.uint8)
-            defined = ~st_.poison[name]
-            wrong = np.flatnonzero(defined & (actual != st_.data[name]))
-            if wrong.size:
-                fail(
-                    pos,
-                    f"{name} differs from the admission-order replay at bytes "
-                    f"{wrong[:12].tolist()}: got {actual[wrong[:12]].tolist()}, model "
-                    f"{st_.data[name][wrong[:12]].tolist()} (poisoned in model: "
-                    f"{np.flatnonzero(st_.poison[name]).tolist()})",
-                    st_,
-                )
-                return False
+        if not final_bytes(pos, st_, list(size), [True] * len(size)):
+            return False
         for name in size:
             poisoned = np.flatnonzero(st_.poison[name]).tolist()
             if (obs.poison[name] is not None) != bool(poisoned):
