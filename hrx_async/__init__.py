@@ -37,6 +37,7 @@ from .memory import (
     MemoryBudget,
     Placement,
     View,
+    gpu_local,
     npu_local,
     shared,
 )
@@ -151,6 +152,7 @@ __all__ = [
     "__version__",
     "bf16_from_f32",
     "f32_from_bf16",
+    "gpu_local",
     "load_safetensors",
     "npu_local",
     "read_safetensors_header",

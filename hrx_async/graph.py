@@ -36,11 +36,14 @@ class Node:
     op: Op
     accesses: tuple[tuple[View, Access], ...]
     npu: int | None = None
+    gpu: int = 0
+    """The runtime GPU whose lanes run a GPU-lane node (see `Graph.copy`)."""
 
     @property
     def own_region(self) -> bool:
-        """NPU and host nodes are each a region of their own."""
-        return self.lane in (Lane.NPU, Lane.HOST)
+        """NPU and host nodes, and copies between two GPUs, are each a region of their own
+        (a copy between GPUs is issued directly, never captured into one GPU's graph)."""
+        return self.lane in (Lane.NPU, Lane.HOST) or _between_gpus(self.op)
 
     @property
     def kind(self) -> str:
@@ -68,11 +71,15 @@ class RegionPlan:
     writes: tuple[Interval, ...]
     copy_bytes: int
     npu: int | None = None
+    gpu: int = 0
 
     @property
     def queue_key(self) -> tuple[Lane, int]:
-        """Lanes are per device: each NPU has its own NPU lane."""
-        return (self.lane, self.npu or 0)
+        """Lanes are per device: each GPU has its own upload, compute and download lanes,
+        each NPU its own NPU lane; the host lane is one."""
+        if self.lane is Lane.NPU:
+            return (self.lane, self.npu or 0)
+        return (self.lane, self.gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +149,16 @@ class Graph:
         byte = _validate.as_integer(value)
         if byte is None or not 0 <= byte <= 255:
             raise ContractError(f"fill value must be a byte 0..255, got {_validate.shown(value)}")
-        return self._add(Lane.COMPUTE, Fill(view, byte), ((view, Access.WRITE),))
+        return self._add(
+            Lane.COMPUTE, Fill(view, byte), ((view, Access.WRITE),), gpu=_gpu_of((view,))
+        )
 
     def copy(self, dst: View, src: View, lane: Lane | None = None) -> int:
         """Copy `src` into `dst`. The lane follows placements unless forced:
-        host-side → GPU-side is upload, GPU-side → host-side download, else compute."""
+        host-side → GPU-side is upload, GPU-side → host-side download, else compute.
+        The GPU is the one whose memory is written, else the one whose memory is read;
+        a copy between two GPUs runs on the destination's upload lane, peer to peer
+        where the devices allow it."""
         self._check_view(dst, "copy destination")
         self._check_view(src, "copy source")
         if dst.nbytes != src.nbytes:
@@ -161,7 +173,9 @@ class Graph:
             raise ContractError(
                 f"a copy runs on upload, compute or download, not {_validate.shown(lane)}"
             )
-        return self._add(lane, Copy(dst, src), ((src, Access.READ), (dst, Access.WRITE)))
+        gpu = _gpu_of((dst,)) if dst.buffer.placement.gpu_device is not None else _gpu_of((src,))
+        accesses = ((src, Access.READ), (dst, Access.WRITE))
+        return self._add(lane, Copy(dst, src), accesses, gpu=gpu)
 
     def gpu(self, kernel: GpuKernel, views: Sequence[View], allow_alias: bool = False) -> int:
         """Launch a loaded GPU kernel on `views`, one per contract binding (compute lane)."""
@@ -177,8 +191,15 @@ class Graph:
                     f"GPU kernel {kernel.name!r} cannot bind {view} with placement "
                     f"{view.buffer.placement}: NPU-local memory is not visible to the GPU"
                 )
+        gpu = _gpu_of(bound)
+        if any(v.buffer.placement.gpu_device not in (None, gpu) for v in bound):
+            devices = sorted({str(v.buffer.placement) for v in bound})
+            raise ContractError(
+                f"GPU kernel {kernel.name!r} binds memory of more than one GPU ({devices}); "
+                "a kernel runs on one GPU: copy the views onto it first"
+            )
         accesses = tuple(zip(bound, (b.access for b in kernel.contract.bindings), strict=True))
-        return self._add(Lane.COMPUTE, Launch(kernel, bound), accesses)
+        return self._add(Lane.COMPUTE, Launch(kernel, bound), accesses, gpu=gpu)
 
     def npu(self, kernel: NpuKernel, views: Sequence[View]) -> int:
         """Run a loaded NPU program on `views` (its own region on that NPU's lane)."""
@@ -248,9 +269,10 @@ class Graph:
         op: Op,
         accesses: tuple[tuple[View, Access], ...],
         npu: int | None = None,
+        gpu: int = 0,
     ) -> int:
         index = len(self._nodes)
-        self._nodes.append(Node(index, lane, op, accesses, npu))
+        self._nodes.append(Node(index, lane, op, accesses, npu, gpu))
         return index
 
     def _check_view(self, view: object, what: str) -> View:
@@ -288,7 +310,27 @@ class Graph:
         return bound
 
 
+def _gpu_of(views: Iterable[View]) -> int:
+    """The GPU of the first view in GPU memory; 0 (the first GPU) for host-mapped memory."""
+    for view in views:
+        device = view.buffer.placement.gpu_device
+        if device is not None:
+            return device
+    return 0
+
+
+def _between_gpus(op: Op) -> bool:
+    return isinstance(op, Copy) and _gpus_differ(op.dst, op.src)
+
+
+def _gpus_differ(dst: View, src: View) -> bool:
+    to, of = dst.buffer.placement.gpu_device, src.buffer.placement.gpu_device
+    return to is not None and of is not None and to != of
+
+
 def _copy_lane(dst: View, src: View) -> Lane:
+    if _gpus_differ(dst, src):
+        return Lane.UPLOAD
     src_host, dst_host = src.buffer.placement.host_side, dst.buffer.placement.host_side
     if src_host and not dst_host:
         return Lane.UPLOAD
@@ -313,7 +355,13 @@ def _cut_regions(nodes: Sequence[Node]) -> list[list[Node]]:
     groups: list[list[Node]] = []
     for node in nodes:
         last = groups[-1] if groups else None
-        if last is None or node.own_region or last[0].own_region or last[0].lane != node.lane:
+        if (
+            last is None
+            or node.own_region
+            or last[0].own_region
+            or last[0].lane != node.lane
+            or last[0].gpu != node.gpu
+        ):
             groups.append([node])
         else:
             last.append(node)
@@ -378,6 +426,7 @@ def plan_graph(label: str, domain: Domain, nodes: Sequence[Node]) -> GraphPlan:
                 writes=writes,
                 copy_bytes=copy_bytes,
                 npu=group[0].npu,
+                gpu=group[0].gpu,
             )
         )
     # The graph's summary is the union of its regions' (already merged, so fewer) intervals.

@@ -149,12 +149,7 @@ def adopt_gpu_buffer(runtime: Runtime, obj: Any, placement: Placement, label: st
         raise ContractError(
             f"adopted memory is GPU_LOCAL or shared(npu); got placement {placement!r}"
         )
-    if placement.npu is not None:
-        npus = runtime._npu_backend.npu_count() if runtime._npu_backend is not None else 0
-        if placement.npu >= npus:
-            raise ContractError(
-                f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
-            )
+    runtime._check_placement(placement)
     stream: int | None = None
     interop = backend if isinstance(backend, GpuInterop) else None
     if interop is not None:

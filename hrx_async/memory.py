@@ -33,10 +33,16 @@ class PlacementKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where bytes live: `GPU_LOCAL`, `HOST_VISIBLE`, `npu_local(i)` or `shared(i)`."""
+    """Where bytes live: `GPU_LOCAL` (= `gpu_local(0)`), `gpu_local(i)`, `HOST_VISIBLE`,
+    `npu_local(i)` or `shared(i)`.
+
+    `gpu` numbers the runtime's GPUs (`Runtime(devices=[...])` in that order), so
+    `GPU_LOCAL` is always the runtime's first GPU whatever its device ordinal.
+    """
 
     kind: PlacementKind
     npu: int | None = None
+    gpu: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, PlacementKind):
@@ -48,6 +54,12 @@ class Placement:
         elif self.npu is not None:
             raise ContractError(
                 f"{self.kind.value} memory belongs to no NPU; got npu={_validate.shown(self.npu)}"
+            )
+        if self.kind is PlacementKind.GPU_LOCAL:
+            object.__setattr__(self, "gpu", _validate.integer(self.gpu, "a GPU number", 0))
+        elif not (type(self.gpu) is int and self.gpu == 0):
+            raise ContractError(
+                f"{self.kind.value} memory belongs to no GPU; got gpu={_validate.shown(self.gpu)}"
             )
 
     @property
@@ -72,8 +84,15 @@ class Placement:
         """Shared memory is one GPU allocation imported into the NPU: ordered as a whole."""
         return self.kind is PlacementKind.SHARED
 
+    @property
+    def gpu_device(self) -> int | None:
+        """The GPU whose memory this is (None: host-mapped memory every GPU reaches)."""
+        return self.gpu if self.kind is PlacementKind.GPU_LOCAL else None
+
     def __str__(self) -> str:
-        return self.kind.value if self.npu is None else f"{self.kind.value}({self.npu})"
+        if self.npu is not None:
+            return f"{self.kind.value}({self.npu})"
+        return f"{self.kind.value}({self.gpu})" if self.gpu else self.kind.value
 
 
 GPU_LOCAL = Placement(PlacementKind.GPU_LOCAL)
@@ -82,6 +101,11 @@ HOST_VISIBLE = Placement(PlacementKind.HOST_VISIBLE)
 
 def _npu_index(npu: object) -> int:
     return _validate.integer(npu, "an NPU index", 0)
+
+
+def gpu_local(gpu: int = 0) -> Placement:
+    """Device memory of the runtime's GPU number `gpu` (0: its first, i.e. `GPU_LOCAL`)."""
+    return Placement(PlacementKind.GPU_LOCAL, gpu=gpu)
 
 
 def npu_local(npu: int) -> Placement:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hrx_async.errors import ContractError, Unsupported
-from hrx_async.trace import ExecutionTrace
+from hrx_async.trace import ExecutionTrace, lane_name
 
 _OK_COLOR = "tab:blue"
 _FAILED_COLOR = "tab:red"
@@ -51,12 +51,15 @@ class Timeline:
     @classmethod
     def from_trace(cls, trace: ExecutionTrace) -> Timeline:
         """One row per lane that appears; each bar labelled graph#region (and its replay)."""
-        row = {lane: index for index, lane in enumerate(trace.lanes)}
+        keys = trace.lane_devices
+        row = {key: index for index, key in enumerate(keys)}
         spans = [
-            Span(row[e.lane], e.start_us, e.duration_us, f"{e.graph}#{e.region}", e.failed)
+            Span(
+                row[e.lane, e.device], e.start_us, e.duration_us, f"{e.graph}#{e.region}", e.failed
+            )
             for e in trace.events
         ]
-        return cls(tuple(lane.label for lane in trace.lanes), _numbered(spans))
+        return cls(tuple(lane_name(lane, device) for lane, device in keys), _numbered(spans))
 
 
 def _numbered(spans: list[Span]) -> tuple[Span, ...]:

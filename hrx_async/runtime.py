@@ -48,6 +48,7 @@ from .memory import (
     Placement,
     PlacementKind,
     View,
+    gpu_local,
 )
 from .prepared import PreparedGraph
 from .stats import Counters, Statistics
@@ -56,15 +57,24 @@ from .trace import ExecutionTrace, TraceRecorder
 NPU_CHOICES = ("auto", "sim", "xrt", None)
 _MAX_SIM_NPUS = 64
 """Each sim NPU is a lane task; more than this is a mistake, not a machine."""
+_MAX_GPUS = 64
+"""Each GPU is three lane tasks; more than this is a mistake, not a machine."""
 
 
 @dataclass(frozen=True)
 class GpuDevice:
-    """The runtime's GPU: which backend drives it and the code target kernels need."""
+    """One of the runtime's GPUs: which backend drives it, its device ordinal (`index`),
+    the code target kernels need, and its number in the runtime (`gpu_local(number)`)."""
 
     backend: str
     index: int
     target: str
+    number: int = 0
+
+    @property
+    def local(self) -> Placement:
+        """This GPU's device memory."""
+        return gpu_local(self.number)
 
 
 class NpuDevice:
@@ -89,6 +99,10 @@ class Runtime:
     """One allocation and scheduling domain over a GPU backend and NPUs.
 
     backend: "auto" (HRX_BACKEND, else cuda, hip, then sim), "sim", "cuda" or "hip".
+    device / devices: the GPU ordinal, or several distinct ordinals (one runtime over
+    several GPUs: each has its own upload, compute and download lanes, `gpu_local(i)`
+    is memory of `devices[i]`, `GPU_LOCAL` of the first; the sim backend simulates as
+    many GPUs as listed). Give one or the other.
     npu: "auto" (HRX_NPU, else "xrt" when pyxrt imports and `xrt.device(0)` opens, else
     sim NPUs; `fallback_reasons` says why xrt was skipped), "sim", "xrt" (raises
     `BackendUnavailable` when it cannot open), or None for no NPU.
@@ -122,6 +136,7 @@ class Runtime:
         device: int = 0,
         sim_npus: int = 1,
         label: str = "runtime",
+        devices: Iterable[int] | None = None,
     ) -> None:
         # Names are checked when the backend opens (`async with`), where HRX_BACKEND is read.
         backend = _validate.text(backend, f"backend (auto, {', '.join(GPU_BACKENDS)})", empty=False)
@@ -130,13 +145,14 @@ class Runtime:
             memory_budget = _validate.integer(memory_budget, "memory_budget (bytes)", 1)
         max_submissions = _validate.integer(max_submissions, "max_submissions", 1)
         device = _validate.integer(device, "device", 0)
+        gpus = (device,) if devices is None else _device_list(devices, device)
         sim_npus = _validate.integer(sim_npus, "sim_npus", 0, _MAX_SIM_NPUS)
         label = _validate.text(label, "label")
         self._budget = MemoryBudget(memory_budget) if memory_budget is not None else None
         self._backend_name = backend
         self._npu_mode = npu
         self._sim_npus = sim_npus if npu is not None else 0
-        self._device = device
+        self._devices = gpus
         self.max_submissions = max_submissions
         self.domain = Domain(label)
         self.fallback_reasons: list[str] = []
@@ -159,7 +175,7 @@ class Runtime:
         if self._entered:
             raise RuntimeClosed("a Runtime can be entered once; create a new one")
         self._entered = True
-        backend, reasons = open_gpu_backend(self._backend_name, self._device)
+        backend, reasons = open_gpu_backend(self._backend_name, self._devices)
         self._backend = backend
         self.fallback_reasons = reasons
         try:
@@ -174,7 +190,7 @@ class Runtime:
         self._scheduler = Scheduler(
             task_group, self._counters, self.max_submissions, self._device_lost
         )
-        self._scheduler.start(npus)
+        self._scheduler.start(len(self._devices), npus)
         return self
 
     def _open_npus(self, backend: Backend) -> int:
@@ -291,9 +307,32 @@ class Runtime:
 
     # -- devices and kernels ---------------------------------------------------
 
-    def gpu(self) -> GpuDevice:
+    def gpu(self, number: int = 0) -> GpuDevice:
+        """The runtime's GPU number `number` (0: the first, whose memory is GPU_LOCAL)."""
         backend = self._backend_or_raise()
-        return GpuDevice(backend.name, self._device, backend.target)
+        gpus = len(self._devices)
+        checked = _validate.as_integer(number)
+        if checked is None or not 0 <= checked < gpus:
+            raise ContractError(f"GPU number must be in 0..{gpus - 1}, got {number!r}")
+        return GpuDevice(backend.name, self._devices[checked], backend.target, checked)
+
+    def gpus(self) -> tuple[GpuDevice, ...]:
+        """Every GPU of the runtime, in `devices` order."""
+        return tuple(self.gpu(number) for number in range(len(self._devices)))
+
+    def _check_placement(self, placement: Placement) -> None:
+        """The GPU or NPU a placement names must be one of this runtime's."""
+        if placement.npu is not None:
+            npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
+            if placement.npu >= npus:
+                raise ContractError(
+                    f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
+                )
+        if placement.gpu >= len(self._devices):
+            raise ContractError(
+                f"placement {placement} names GPU {placement.gpu}; this runtime has "
+                f"{len(self._devices)} (Runtime(devices=[...]))"
+            )
 
     def npu(self, index: int = 0) -> NpuDevice:
         self._scheduler_or_raise()
@@ -361,12 +400,7 @@ class Runtime:
         nbytes = _validate.integer(nbytes, "allocation size (bytes)", 1, _validate.MAX_ALLOCATION)
         _validate.instance(placement, Placement, "placement", "GPU_LOCAL, HOST_VISIBLE, ...")
         _validate.text(label, "label")
-        if placement.npu is not None:
-            npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
-            if placement.npu >= npus:
-                raise ContractError(
-                    f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
-                )
+        self._check_placement(placement)
         allocator = self._allocator(backend, placement)
         if self._budget is not None:
             self._budget.charge(nbytes)
@@ -456,7 +490,9 @@ class Runtime:
             elif region.lane is Lane.NPU:
                 provider = self._npu_backend
             else:
-                provider = backend
+                programs.append(backend.prepare_region(region.lane, region.ops, region.gpu))
+                providers.append(backend)
+                continue
             programs.append(provider.prepare_region(region.lane, region.ops))
             providers.append(provider)
         return PreparedGraph(self, plan, tuple(programs), tuple(providers))
@@ -544,6 +580,20 @@ class Runtime:
 
     def _dlpack_device(self, view: View) -> tuple[int, int]:
         return interop.dlpack_device(self, view)
+
+
+def _device_list(devices: Iterable[int], device: int) -> tuple[int, ...]:
+    if device != 0:
+        raise ContractError("give Runtime(device=...) or Runtime(devices=[...]), not both")
+    listed = tuple(
+        _validate.integer(each, "a device ordinal", 0)
+        for each in _validate.items(devices, "devices")
+    )
+    if not 1 <= len(listed) <= _MAX_GPUS:
+        raise ContractError(f"devices lists 1..{_MAX_GPUS} GPU ordinals, got {len(listed)}")
+    if len(set(listed)) != len(listed):
+        raise ContractError(f"devices lists a GPU twice: {list(listed)}")
+    return listed
 
 
 __all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]

@@ -26,6 +26,10 @@ PROCESS_NAME = "hrx_async"
 TIMING_NOTE = "times are host-observed: region issue to observed completion"
 """Stored in every Chrome trace so a reader knows what the timestamps mean."""
 
+TID_STRIDE = 16
+"""A lane's thread id is its lane number plus `TID_STRIDE` times its device: the first
+device keeps the original's lane numbers, and a viewer shows each device's lanes apart."""
+
 
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
@@ -42,6 +46,8 @@ class TraceEvent:
     duration_us: float
     copied_bytes: int
     failed: bool
+    device: int = 0
+    """The lane's device: the runtime's GPU number for GPU lanes, the NPU for NPU lanes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.lane, Lane):
@@ -55,11 +61,27 @@ class TraceEvent:
             raise ContractError(f"duration_us must be finite and >= 0, got {self.duration_us!r}")
         if not isinstance(self.copied_bytes, int) or self.copied_bytes < 0:
             raise ContractError(f"copied_bytes must be an int >= 0, got {self.copied_bytes!r}")
+        if type(self.device) is not int or self.device < 0:
+            raise ContractError(f"device must be an int >= 0, got {self.device!r}")
+
+    @property
+    def thread_id(self) -> int:
+        return int(self.lane) + TID_STRIDE * self.device
+
+    @property
+    def lane_name(self) -> str:
+        """The lane's label, with its device after a colon beyond the first device."""
+        return lane_name(self.lane, self.device)
 
     @property
     def end_us(self) -> float:
         """When the region was observed complete."""
         return self.start_us + self.duration_us
+
+
+def lane_name(lane: Lane, device: int = 0) -> str:
+    """A lane's label, with its device after a colon beyond the first device ("compute:1")."""
+    return f"{lane.label}:{device}" if device else lane.label
 
 
 def _lane(value: object) -> Lane:
@@ -123,6 +145,11 @@ class ExecutionTrace:
         """The lanes that appear in the trace, in lane order."""
         return tuple(sorted({event.lane for event in self.events}))
 
+    @property
+    def lane_devices(self) -> tuple[tuple[Lane, int], ...]:
+        """The (lane, device) pairs that appear in the trace, by device then lane."""
+        return tuple(sorted({(e.lane, e.device) for e in self.events}, key=_by_device))
+
     def to_chrome(self) -> dict[str, Any]:
         """The trace as a Chrome trace-event JSON object (one "X" event per region)."""
         trace_events: list[dict[str, Any]] = [
@@ -139,10 +166,10 @@ class ExecutionTrace:
                 "name": "thread_name",
                 "ph": "M",
                 "pid": 0,
-                "tid": int(lane),
-                "args": {"name": lane.label},
+                "tid": int(lane) + TID_STRIDE * device,
+                "args": {"name": lane_name(lane, device)},
             }
-            for lane in self.lanes
+            for lane, device in self.lane_devices
         )
         trace_events.extend(
             {
@@ -150,7 +177,7 @@ class ExecutionTrace:
                 "cat": event.lane.label,
                 "ph": "X",
                 "pid": 0,
-                "tid": int(event.lane),
+                "tid": event.thread_id,
                 "ts": event.start_us,
                 "dur": event.duration_us,
                 "args": {
@@ -205,14 +232,21 @@ class ExecutionTrace:
             raise ContractError(f"{os.fspath(path)} is not JSON: {exc}") from exc
         return cls.from_chrome(data)
 
-    def overlap_us(self, lane_a: Lane, lane_b: Lane) -> float:
+    def overlap_us(
+        self,
+        lane_a: Lane,
+        lane_b: Lane,
+        device_a: int | None = None,
+        device_b: int | None = None,
+    ) -> float:
         """Total time during which some region of `lane_a` and some region of `lane_b` both ran.
 
         Each lane's intervals are merged first, so overlapping regions on one lane are not
-        counted twice. With `lane_a == lane_b` this is the lane's total busy time.
+        counted twice. With `lane_a == lane_b` this is the lane's total busy time. A device
+        (GPU number, NPU index) narrows a lane to that device's; None takes every device's.
         """
-        a = _merged(e for e in self.events if e.lane == lane_a)
-        b = _merged(e for e in self.events if e.lane == lane_b)
+        a = _merged(e for e in self.events if _on(e, lane_a, device_a))
+        b = _merged(e for e in self.events if _on(e, lane_b, device_b))
         total = 0.0
         i = j = 0
         while i < len(a) and j < len(b):
@@ -228,6 +262,14 @@ class ExecutionTrace:
         return total
 
 
+def _on(event: TraceEvent, lane: Lane, device: int | None) -> bool:
+    return event.lane == lane and (device is None or event.device == device)
+
+
+def _by_device(key: tuple[Lane, int]) -> tuple[int, int]:
+    return (key[1], int(key[0]))
+
+
 def _merged(events: Iterable[TraceEvent]) -> list[tuple[float, float]]:
     """The union of the events' [start, end] intervals as sorted, disjoint intervals."""
     merged: list[tuple[float, float]] = []
@@ -240,6 +282,7 @@ def _merged(events: Iterable[TraceEvent]) -> list[tuple[float, float]]:
 
 
 _NUMBER = (int, float)
+_LANE_NUMBERS = frozenset(int(lane) for lane in Lane)
 
 
 def _field(raw: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -261,10 +304,17 @@ def _parse_events(raw_events: list[Any]) -> Iterable[TraceEvent]:
             continue
         args = _field(raw, "args", Mapping, where)
         args_where = f"{where} args"
+        thread = _field(raw, "tid", int, where)
+        if thread < 0 or thread % TID_STRIDE not in _LANE_NUMBERS:
+            raise ContractError(
+                f"{where} 'tid' {thread} names no lane: lane numbers are "
+                f"{sorted(_LANE_NUMBERS)}, plus {TID_STRIDE} per device"
+            )
         yield TraceEvent(
             graph=_field(args, "graph", str, args_where),
             region=_field(args, "region", int, args_where),
-            lane=_lane(_field(raw, "tid", int, where)),
+            lane=_lane(thread % TID_STRIDE),
+            device=thread // TID_STRIDE,
             start_us=float(_field(raw, "ts", _NUMBER, where)),
             duration_us=float(_field(raw, "dur", _NUMBER, where)),
             copied_bytes=_field(args, "copied_bytes", int, args_where),
@@ -272,4 +322,12 @@ def _parse_events(raw_events: list[Any]) -> Iterable[TraceEvent]:
         )
 
 
-__all__ = ["PROCESS_NAME", "TIMING_NOTE", "ExecutionTrace", "TraceEvent", "TraceRecorder"]
+__all__ = [
+    "PROCESS_NAME",
+    "TID_STRIDE",
+    "TIMING_NOTE",
+    "ExecutionTrace",
+    "TraceEvent",
+    "TraceRecorder",
+    "lane_name",
+]

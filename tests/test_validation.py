@@ -535,7 +535,7 @@ def well_formed(result: object) -> None:
         assert _is_int(result.max_submissions, 1)
         assert isinstance(result._backend_name, str) and result._backend_name
         assert result._npu_mode in ("auto", "sim", None)
-        assert _is_int(result._device, 0) and _is_int(result._sim_npus, 0)
+        assert all(_is_int(d, 0) for d in result._devices) and _is_int(result._sim_npus, 0)
         assert result.memory_budget is None or _is_int(result.memory_budget.limit, 1)
         well_formed(result.domain)
     elif isinstance(result, tuple):

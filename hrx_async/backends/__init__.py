@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BackendUnavailable, ContractError
@@ -13,19 +14,32 @@ GPU_BACKENDS = ("sim", "cuda", "hip")
 _AUTO_ORDER = ("cuda", "hip")
 
 
-def _open_named(name: str, device: int) -> Backend:
+def _open_named(name: str, devices: Sequence[int]) -> Backend:
+    """Backend `name` over `devices` (device ordinals; several make a several-GPU backend)."""
     if name == "sim":
         from .sim import SimBackend
 
-        return SimBackend()
+        return SimBackend(gpus=len(devices))
     try:
         module = importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":
             raise
         raise BackendUnavailable(name, "this build of hrx_async has no such backend") from exc
-    opened: Backend = module.open_backend(device)
-    return opened
+    if len(devices) == 1:
+        opened: Backend = module.open_backend(devices[0])
+        return opened
+    from .multi_gpu import MultiGpuBackend
+
+    backends: list[Any] = []
+    try:
+        for device in devices:
+            backends.append(module.open_backend(device))
+        return MultiGpuBackend(backends)
+    except BaseException:
+        for backend in backends:
+            backend.close()
+        raise
 
 
 def requested_backend(name: str) -> str:
@@ -44,22 +58,23 @@ def requested_backend(name: str) -> str:
     return name
 
 
-def open_gpu_backend(name: str, device: int = 0) -> tuple[Backend, list[str]]:
-    """The backend for `name` ("auto", "sim", "cuda", "hip"), and why "auto" skipped others.
+def open_gpu_backend(name: str, devices: Sequence[int] = (0,)) -> tuple[Backend, list[str]]:
+    """The backend for `name` ("auto", "sim", "cuda", "hip") over the device ordinals
+    `devices`, and why "auto" skipped others.
 
     "auto" honours the HRX_BACKEND environment variable, else tries cuda, then
     hip, then falls back to sim.
     """
     name = requested_backend(name)
     if name != "auto":
-        return _open_named(name, device), []
+        return _open_named(name, devices), []
     skipped: list[str] = []
     for candidate in _AUTO_ORDER:
         try:
-            return _open_named(candidate, device), skipped
+            return _open_named(candidate, devices), skipped
         except BackendUnavailable as exc:
             skipped.append(str(exc))
-    return _open_named("sim", device), skipped
+    return _open_named("sim", devices), skipped
 
 
 def resolve(name: str = "auto", reports: dict[str, dict[str, Any]] | None = None) -> str:
@@ -90,7 +105,7 @@ def resolve(name: str = "auto", reports: dict[str, dict[str, Any]] | None = None
 def probe(name: str) -> dict[str, Any]:
     """Whether backend `name` can open here, and its description or the reason it cannot."""
     try:
-        backend = _open_named(name, 0)
+        backend = _open_named(name, (0,))
     except BackendUnavailable as exc:
         return {"backend": name, "available": False, "reason": exc.reason, "install": exc.install}
     try:

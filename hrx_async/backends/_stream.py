@@ -52,6 +52,7 @@ from ._stream_memory import ByteArray, NativeStorage, device_address
 from ._stream_programs import (
     POINTER_BYTES,
     CopyProgram,
+    DeviceKernels,
     GraphProgram,
     KernelArguments,
     NativeKernel,
@@ -160,7 +161,7 @@ class StreamBackend:
             except BaseException:
                 quietly(table.free, pointer)
                 raise
-            return NativeStorage(pointer, pointer, nbytes, host=False)
+            return NativeStorage(pointer, pointer, nbytes, host=False, device=self.device)
         pointer = table.host_alloc(nbytes)
         try:
             device_pointer = table.host_device_pointer(pointer)
@@ -168,7 +169,7 @@ class StreamBackend:
             quietly(table.host_free, pointer)
             raise
         ctypes.memset(pointer, 0, nbytes)
-        return NativeStorage(pointer, device_pointer, nbytes, host=True)
+        return NativeStorage(pointer, device_pointer, nbytes, host=True, device=self.device)
 
     def free(self, storage: Any) -> None:
         if not isinstance(storage, NativeStorage) or self._closed:
@@ -216,7 +217,11 @@ class StreamBackend:
             self._queues[key] = queue
         return queue
 
-    def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> GraphProgram | CopyProgram:
+    def prepare_region(
+        self, lane: Lane, ops: Sequence[Op], gpu: int = 0
+    ) -> GraphProgram | CopyProgram:
+        """`gpu` is the runtime's GPU number: one backend serves one device, so it is 0
+        here (`MultiGpuBackend` passes its own devices' regions on)."""
         if len(ops) == 1 and isinstance(ops[0], Copy):
             op = ops[0]
             return CopyProgram(device_address(op.dst), device_address(op.src), op.dst.nbytes)
@@ -266,6 +271,8 @@ class StreamBackend:
         elif isinstance(op, Launch):
             kernel = op.kernel
             native = kernel.native
+            if isinstance(native, DeviceKernels):
+                native = native.on(self.device)
             if not isinstance(native, NativeKernel):
                 raise Unsupported(
                     f"kernel {kernel.name!r} was not loaded by the {self.name} backend"
@@ -390,7 +397,9 @@ class StreamBackend:
                 "or pinned host memory"
             )
         device_pointer = self.table.host_device_pointer(pointer) if host else pointer
-        return NativeStorage(pointer, device_pointer, nbytes, host=host, owner=owner)
+        return NativeStorage(
+            pointer, device_pointer, nbytes, host=host, owner=owner, device=self.device
+        )
 
     def interop_stream(self) -> int:
         """A stream of the runtime's own for native code (`Runtime.gpu_access`)."""
@@ -473,6 +482,7 @@ __all__ = [
     "DLPACK_ROCM",
     "POINTER_BYTES",
     "CopyProgram",
+    "DeviceKernels",
     "DriverTable",
     "EventPool",
     "FenceWaiter",

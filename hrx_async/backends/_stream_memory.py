@@ -20,15 +20,32 @@ ByteArray = np.ndarray[Any, np.dtype[np.uint8]]
 class NativeStorage:
     """One allocation: its host address (pinned memory) and its device address."""
 
-    __slots__ = ("__weakref__", "_array", "device_pointer", "host", "nbytes", "owner", "pointer")
+    __slots__ = (
+        "__weakref__",
+        "_array",
+        "device",
+        "device_pointer",
+        "host",
+        "nbytes",
+        "owner",
+        "pointer",
+    )
 
     def __init__(
-        self, pointer: int, device_pointer: int, nbytes: int, host: bool, owner: Any = None
+        self,
+        pointer: int,
+        device_pointer: int,
+        nbytes: int,
+        host: bool,
+        owner: Any = None,
+        device: int = 0,
     ) -> None:
         self.pointer = pointer
         self.device_pointer = device_pointer
         self.nbytes = nbytes
         self.host = host
+        self.device = device
+        """The device ordinal whose backend made (and frees) this storage."""
         self.owner = owner
         """What keeps adopted memory alive (None for memory this backend allocated)."""
         self._array: ByteArray | None = None

@@ -79,6 +79,18 @@ class NativeKernel:
         return f"<NativeKernel {self.name!r} params={self.param_sizes}>"
 
 
+class DeviceKernels:
+    """One kernel loaded on each device of a several-GPU runtime, by device ordinal."""
+
+    __slots__ = ("kernels",)
+
+    def __init__(self, kernels: dict[int, NativeKernel]) -> None:
+        self.kernels = kernels
+
+    def on(self, device: int) -> NativeKernel:
+        return self.kernels[device]
+
+
 class KernelArguments:
     """Argument storage and the pointer array a launch reads, built once per launch node."""
 
@@ -149,6 +161,7 @@ def constant_sizes(kernel: NativeKernel, bindings: int, constants: bytes) -> lis
 __all__ = [
     "POINTER_BYTES",
     "CopyProgram",
+    "DeviceKernels",
     "GraphProgram",
     "KernelArguments",
     "NativeKernel",

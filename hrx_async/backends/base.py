@@ -111,8 +111,12 @@ class Backend(Protocol):
     target: str
     """The GPU code target kernels are built for ("sm_90", "gfx1151", "sim")."""
 
-    native_graphs_prepared: int
-    copy_streams_created: int
+    @property
+    def native_graphs_prepared(self) -> int: ...
+
+    @property
+    def copy_streams_created(self) -> int: ...
+
     poll_budget_us: float
     """Beyond a region's usual duration, how long an otherwise idle loop sweeps a
     `WatchedQueue` before leaving the wait to the queue; 0 turns watching off."""
@@ -133,8 +137,9 @@ class Backend(Protocol):
         """The queue serving `key`, created on first use."""
         ...
 
-    def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> Program:
-        """Turn a region's operations into a program replayed by `LaneQueue.submit`."""
+    def prepare_region(self, lane: Lane, ops: Sequence[Op], gpu: int = 0) -> Program:
+        """Turn a region's operations into a program replayed by `LaneQueue.submit`, on
+        the runtime's GPU number `gpu` (whose queues `(lane, gpu)` will run it)."""
         ...
 
     def load_gpu_kernel(

@@ -226,6 +226,18 @@ class CudaTable:
     def set_device(self, device: int) -> None:
         self._check(self.rt.cudaSetDevice(device), "cudaSetDevice")
 
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        answer = self._check(
+            self.rt.cudaDeviceCanAccessPeer(device, peer), "cudaDeviceCanAccessPeer"
+        )
+        return bool(answer)
+
+    def enable_peer_access(self, peer: int) -> None:
+        rt = self.rt
+        status = rt.cudaDeviceEnablePeerAccess(peer, 0)[0]
+        if status and status != rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled:
+            raise self.error("cudaDeviceEnablePeerAccess", status)
+
     def describe(self, device: int) -> dict[str, Any]:
         rt = self.rt
         props = self._check(rt.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")

@@ -263,6 +263,16 @@ class HipTable:
         self._check(self.hip.hipSetDevice(device), "hipSetDevice")
         self.device = device
 
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        hip = self.hip
+        return bool(self._check(hip.hipDeviceCanAccessPeer(device, peer), "hipDeviceCanAccessPeer"))
+
+    def enable_peer_access(self, peer: int) -> None:
+        hip = self.hip
+        status = hip.hipDeviceEnablePeerAccess(peer, 0)[0]
+        if status and status != hip.hipError_t.hipErrorPeerAccessAlreadyEnabled:
+            raise self.error("hipDeviceEnablePeerAccess", status)
+
     def describe(self, device: int) -> dict[str, Any]:
         hip = self.hip
         props = self._check(hip.hipGetDeviceProperties(device), "hipGetDeviceProperties")

@@ -59,8 +59,10 @@ class SimBackend:
     target = SIM_TARGET
     poll_budget_us = 0.0
 
-    def __init__(self, npus: int = 1, host_array: HostArray | None = None) -> None:
+    def __init__(self, npus: int = 1, host_array: HostArray | None = None, gpus: int = 1) -> None:
         self._npus = npus
+        self.gpus = gpus
+        """How many simulated GPUs: each has its own upload, compute and download lanes."""
         self._queues: dict[QueueKey, WorkerQueue] = {}
         self._host_array: HostArray = host_array or self.host_array
         self.native_graphs_prepared = 0
@@ -90,7 +92,8 @@ class SimBackend:
             self._queues[key] = worker
         return worker
 
-    def prepare_region(self, lane: Lane, ops: Sequence[Op]) -> StepProgram:
+    def prepare_region(self, lane: Lane, ops: Sequence[Op], gpu: int = 0) -> StepProgram:
+        """Every simulated GPU's memory is host memory: `gpu` changes nothing here."""
         return compile_region(ops, self._host_array)
 
     # -- kernels ---------------------------------------------------------------
@@ -128,6 +131,7 @@ class SimBackend:
         return {
             "backend": self.name,
             "target": self.target,
+            "gpus": self.gpus,
             "npus": [SIM_NPU_TARGET] * self._npus,
             "numpy": np.__version__,
             "machine": platform.machine(),

@@ -109,14 +109,15 @@ class Scheduler:
             self.asyncio_loop = None
         self.watch = QueueWatch(self.asyncio_loop)
 
-    def start(self, npus: int) -> None:
-        """Start every lane task (and trio's queue watcher) from the opening task.
+    def start(self, gpus: int, npus: int) -> None:
+        """Start every lane task (and trio's queue watcher) from the opening task: three
+        per GPU, one per NPU, and the host lane.
 
         Admission also happens in loop callbacks (a finished submission admits the next
         waiting one), where no task can be started; so nothing is started lazily.
         """
-        keys = [(lane, 0) for lane in (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD, Lane.HOST)]
-        keys += [(Lane.NPU, index) for index in range(max(npus, 1))]
+        keys = [(lane, gpu) for gpu in range(gpus) for lane in Lane if lane < Lane.NPU]
+        keys += [(Lane.HOST, 0)] + [(Lane.NPU, index) for index in range(max(npus, 1))]
         for key in keys:
             self._start_lane(key)
         if self.asyncio_loop is None:
@@ -557,6 +558,7 @@ class Scheduler:
                     duration_us=max(0.0, end - started) * 1e6,
                     copied_bytes=plan.copy_bytes if run.state == DONE else 0,
                     failed=run.state == FAILED,
+                    device=plan.queue_key[1],
                 )
             )
         self.wake_waiters(run)
