@@ -47,6 +47,7 @@ The rules checked (the README's rules table, with byte-range poison):
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,21 @@ PLACEMENTS: dict[str, hrx.Placement] = {
     "s0": hrx.shared(0),
 }
 BUFFER_NAMES = tuple(PLACEMENTS)
+GPU_BUFFERS = ("g0", "g1")
+
+
+def placement(name: str, gpus: int) -> hrx.Placement:
+    """With two GPUs, g1 is the second GPU's memory; with one, both live on the first."""
+    return hrx.gpu_local(1) if name == "g1" and gpus == 2 else PLACEMENTS[name]
+
+
+def gpu_of(buf: str, gpus: int) -> int | None:
+    """The GPU whose memory `buf` is (None for host-mapped memory)."""
+    if buf not in GPU_BUFFERS:
+        return None
+    return 1 if buf == "g1" and gpus == 2 else 0
+
+
 SHARED_SIZE = 16
 """Shared memory is ordered as a whole allocation; every view of s0 is the whole buffer, so
 byte-range and whole-allocation readings of the poison rules agree on it."""
@@ -202,6 +218,8 @@ class Program:
     max_submissions: int
     graphs: tuple[tuple[Node, ...], ...]
     steps: tuple[Step, ...]
+    gpus: int = 1
+    """GPUs of the runtime; with two, g1 is on the second and copies cross between them."""
 
     @property
     def size(self) -> dict[str, int]:
@@ -209,9 +227,11 @@ class Program:
 
     def for_backend(self, backend: str) -> Program:
         """On a real GPU a failing kernel loses the device: failures go through host functions
-        and NPU kernels (the sim NPU) only."""
+        and NPU kernels (the sim NPU) only. Real GPUs: two only where HRX_STATEFUL_GPUS=2
+        says the machine has them."""
         if backend == "sim":
             return self
+        gpus = min(self.gpus, int(os.environ.get("HRX_STATEFUL_GPUS", "1")))
         graphs = tuple(
             tuple(
                 dataclasses.replace(n, fail=False, slow=False) if n.kind == "gpu" else n
@@ -219,12 +239,12 @@ class Program:
             )
             for nodes in self.graphs
         )
-        return dataclasses.replace(self, graphs=graphs)
+        return dataclasses.replace(self, graphs=graphs, gpus=gpus)
 
     def describe(self) -> str:
         lines = [
-            f"buffers: {', '.join(f'{n}={PLACEMENTS[n]}:{s}B' for n, s in self.sizes)}; "
-            f"max_submissions={self.max_submissions}; seed={self.seed}"
+            f"buffers: {', '.join(f'{n}={placement(n, self.gpus)}:{s}B' for n, s in self.sizes)}"
+            f"; gpus={self.gpus}; max_submissions={self.max_submissions}; seed={self.seed}"
         ]
         for index, nodes in enumerate(self.graphs):
             lines.append(f"graph {index}:")
@@ -315,6 +335,7 @@ class _Shape:
 
     size: dict[str, int]
     hot: tuple[str, ...]
+    gpus: int = 1
 
 
 @st.composite
@@ -374,6 +395,8 @@ def _node(draw: st.DrawFn, shape: _Shape) -> Node:
             dst, src = pair
             if kind == "copy":
                 return Node("copy", dst=dst, src=src)
+            if shape.gpus == 2 and {dst.buf, src.buf} == set(GPU_BUFFERS):
+                return Node("fill", dst=dst)  # a kernel runs on one GPU's memory
             # A kernel never purely writes a whole allocation: whether that clears poison
             # is not a rule these programs test.
             rw = draw(st.booleans()) or _whole(dst, size)
@@ -430,7 +453,8 @@ def programs(draw: st.DrawFn, max_steps: int = 24) -> Program:
         for name in BUFFER_NAMES
     )
     hot = draw(st.lists(st.sampled_from(BUFFER_NAMES), min_size=1, max_size=3, unique=True))
-    shape = _Shape(dict(sizes), tuple(hot))
+    gpus = draw(st.sampled_from([1, 2]))
+    shape = _Shape(dict(sizes), tuple(hot), gpus)
     graphs = [
         tuple(draw(st.lists(_node(shape), min_size=n, max_size=n)))
         for n in draw(st.lists(st.integers(1, 4), min_size=1, max_size=5))
@@ -447,33 +471,48 @@ def programs(draw: st.DrawFn, max_steps: int = 24) -> Program:
         max_submissions=draw(st.integers(1, 8)),
         graphs=tuple(graphs),
         steps=tuple(steps),
+        gpus=gpus,
     )
 
 
 # -- regions (the rule of graph.py, restated) ------------------------------------------------
 
 
-def _lane(node: Node) -> str:
-    if node.kind in ("fill", "gpu"):
-        return "compute"
+def _lane(node: Node, gpus: int) -> tuple[str, int]:
+    """The node's lane and device; a copy between two GPUs is alone, on the destination's
+    upload lane."""
     if node.kind in ("npu", "host"):
-        return node.kind
-    assert node.dst is not None and node.src is not None
+        return (node.kind, 0)
+    assert node.dst is not None
+    to = gpu_of(node.dst.buf, gpus)
+    if node.kind == "fill":
+        return ("compute", to or 0)
+    if node.kind == "gpu":
+        assert node.src is not None
+        of = gpu_of(node.src.buf, gpus)
+        return ("compute", to if to is not None else of or 0)
+    assert node.src is not None
+    of = gpu_of(node.src.buf, gpus)
+    if to is not None and of is not None and to != of:
+        return ("peer", to)
+    device = to if to is not None else of or 0
     host_side = ("h0", "h1", "n0")
     src_host, dst_host = node.src.buf in host_side, node.dst.buf in host_side
     if src_host and not dst_host:
-        return "upload"
+        return ("upload", device)
     if dst_host and not src_host:
-        return "download"
-    return "compute"
+        return ("download", device)
+    return ("compute", device)
 
 
-def cut_regions(nodes: Sequence[Node]) -> list[tuple[int, ...]]:
-    """Maximal runs of consecutive nodes on one lane; NPU and host nodes alone."""
+def cut_regions(nodes: Sequence[Node], gpus: int = 1) -> list[tuple[int, ...]]:
+    """Maximal runs of consecutive nodes on one lane of one device; NPU nodes, host nodes
+    and copies between GPUs alone."""
     groups: list[list[int]] = []
     for index, node in enumerate(nodes):
-        lane = _lane(node)
-        if groups and lane not in ("npu", "host") and _lane(nodes[groups[-1][0]]) == lane:
+        lane = _lane(node, gpus)
+        alone = lane[0] in ("npu", "host", "peer")
+        if groups and not alone and _lane(nodes[groups[-1][0]], gpus) == lane:
             groups[-1].append(index)
         else:
             groups.append([index])
@@ -504,9 +543,9 @@ class GraphInfo:
     """Bytes read before the graph itself writes them (one byte per view, merged loosely)."""
 
 
-def graph_info(nodes: Sequence[Node], logging_kinds: frozenset[str]) -> GraphInfo:
+def graph_info(nodes: Sequence[Node], logging_kinds: frozenset[str], gpus: int = 1) -> GraphInfo:
     regions: list[RegionInfo] = []
-    for index, group in enumerate(cut_regions(nodes)):
+    for index, group in enumerate(cut_regions(nodes, gpus)):
         accesses = [a for n in group for a in nodes[n].accesses()]
         regions.append(
             RegionInfo(
@@ -640,7 +679,7 @@ def check(program: Program, obs: Observation, backend: str, budget: int = 400_00
     if obs.problems:
         raise ModelFailure("; ".join(obs.problems) + "\n\n" + header)
     kinds = frozenset({"host", "npu", "gpu"} if backend == "sim" else {"host", "npu"})
-    infos = [graph_info(nodes, kinds) for nodes in program.graphs]
+    infos = [graph_info(nodes, kinds, program.gpus) for nodes in program.graphs]
     occurrences, problems = _occurrences(obs.log)
     accesses_of = {
         opid_of(g, n): node.accesses()

@@ -46,7 +46,6 @@ import hrx_async as hrx
 from tests.stateful_model import (
     BUFFER_NAMES,
     KERNEL_CXX,
-    PLACEMENTS,
     Await,
     Cancel,
     CancelLater,
@@ -66,6 +65,7 @@ from tests.stateful_model import (
     host_apply,
     kernel_apply,
     opid_of,
+    placement,
     programs,
 )
 
@@ -219,10 +219,11 @@ class _Builder:
                 graph.host(_host_fn(node, opid, self.obs.log), accesses)
         prepared = graph.prepare()
         regions = [tuple(region.nodes) for region in prepared.regions]
-        if regions != cut_regions(nodes):
+        model = cut_regions(nodes, self.program.gpus)
+        if regions != model:
             # The model's regions must be the runtime's, or every check below is off.
             self.obs.problems.append(
-                f"graph {index}: the runtime cut regions {regions}, the model {cut_regions(nodes)}"
+                f"graph {index}: the runtime cut regions {regions}, the model {model}"
             )
             raise _Stop
         if not fresh:
@@ -236,6 +237,9 @@ def raw_bytes(rt: hrx.Runtime, buffer: hrx.Buffer) -> bytes:
     backend: Any = rt._backend
     if buffer.placement.host_mappable or backend.name == "sim":
         return bytes(backend.host_array(buffer.storage, 0, buffer.nbytes))
+    if hasattr(backend, "devices"):  # several GPUs: read through the device that owns it
+        owners = [device.device for device in backend.devices]
+        backend = backend.enter(owners.index(buffer.storage.device))
     out = np.zeros(buffer.nbytes, np.uint8)
     stream = backend._setup()
     backend.table.memcpy_async(
@@ -246,13 +250,18 @@ def raw_bytes(rt: hrx.Runtime, buffer: hrx.Buffer) -> bytes:
 
 
 async def execute(program: Program, backend: str, obs: Observation) -> None:
+    program = program.for_backend(backend)
     async with hrx.Runtime(
-        backend=backend, max_submissions=program.max_submissions, label="stateful"
+        backend=backend,
+        max_submissions=program.max_submissions,
+        label="stateful",
+        devices=range(program.gpus),
     ) as rt:
         obs.stage = "setup"
         size = program.size
         buffers = {
-            name: rt.allocate(size[name], PLACEMENTS[name], label=name) for name in BUFFER_NAMES
+            name: rt.allocate(size[name], placement(name, program.gpus), label=name)
+            for name in BUFFER_NAMES
         }
         rng = random.Random(program.seed)
         for name, buffer in buffers.items():
