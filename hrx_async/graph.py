@@ -74,6 +74,14 @@ class RegionPlan:
     gpu: int = 0
 
     @property
+    def counted_lane(self) -> Lane:
+        """The lane its copies count under in statistics: a copy between GPUs runs on an
+        upload lane but is a device copy, not an upload from the host."""
+        if self.lane is Lane.UPLOAD and _between_gpus(self.ops[0]):
+            return Lane.COMPUTE
+        return self.lane
+
+    @property
     def queue_key(self) -> tuple[Lane, int]:
         """Lanes are per device: each GPU has its own upload, compute and download lanes,
         each NPU its own NPU lane; the host lane is one."""

@@ -121,8 +121,12 @@ async def test_each_gpu_has_its_own_lanes_and_copies_between_gpus_stand_alone() 
             (hrx.Lane.UPLOAD, 1),
             (hrx.Lane.DOWNLOAD, 1),
         ]
+        before = rt.statistics()
         await prepared.submit()
         assert await read(h) == b"\x01" * N
+        after = rt.statistics()
+        assert after.device_copied_bytes - before.device_copied_bytes == N  # between GPUs
+        assert after.uploaded_bytes - before.uploaded_bytes == 8
 
 
 async def test_a_kernel_runs_on_one_gpus_memory() -> None:
