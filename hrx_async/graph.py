@@ -8,6 +8,7 @@ summarises each region's accesses. The runtime turns a plan into a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,11 +69,19 @@ class RegionPlan:
     writes: tuple[Interval, ...]
     copy_bytes: int
     npu: int | None = None
+    joined: tuple[RegionPlan, ...] = ()
+    """The regions a single-launch region stands for, in order; empty for any other."""
 
     @property
     def queue_key(self) -> tuple[Lane, int]:
         """Lanes are per device: each NPU has its own NPU lane."""
         return (self.lane, self.npu or 0)
+
+    @property
+    def copies(self) -> tuple[tuple[Lane, int], ...]:
+        """Bytes copied, per lane they count on (a single-launch region's: its parts')."""
+        parts = self.joined or (self,)
+        return tuple((part.lane, part.copy_bytes) for part in parts if part.copy_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,12 +242,23 @@ class Graph:
                 view.buffer.check_alive()
         return plan_graph(self.label, self.domain, self._nodes)
 
-    def prepare(self) -> PreparedGraph:
+    def prepare(self, single_launch: bool = False) -> PreparedGraph:
         """Validate, plan and build the backend's artifacts. The graph can still be extended
-        and prepared again; prepared graphs are independent of it."""
+        and prepared again; prepared graphs are independent of it.
+
+        `single_launch=True` (for small, latency-bound replays): a graph of fills, copies
+        and GPU kernels becomes one region on the compute lane, every node in recording
+        order, prepared as one program (on CUDA and HIP one native graph: a replay is one
+        launch and one fence). Its parts then no longer overlap other submissions' work on
+        the upload and download lanes. Admission order, byte-range ordering, failure,
+        poison and cancellation are those of any region, applied to the whole graph. A
+        graph with NPU or host nodes raises `ContractError` and stays as it was.
+        """
         if self._preparer is None:
             raise ContractError("this graph has no runtime; record it with Runtime.graph()")
-        return self._preparer(self.plan())
+        _validate.flag(single_launch, "single_launch")
+        plan = self.plan()
+        return self._preparer(single_launch_plan(plan) if single_launch else plan)
 
     # -- validation ------------------------------------------------------------------
 
@@ -412,3 +432,54 @@ def _overwritten_before_read(nodes: Sequence[Node]) -> tuple[Buffer, ...]:
             if access is Access.WRITE and whole and view.buffer.ident not in read:
                 cleared.setdefault(view.buffer.ident, view.buffer)
     return tuple(cleared.values())
+
+
+_JOINED_FIELDS = frozenset(
+    ("index", "lane", "nodes", "ops", "reads", "writes", "copy_bytes", "joined")
+)
+"""What a single-launch region takes from the regions it joins; every other field of
+theirs (the device they run on) must be the same."""
+
+
+def single_launch_plan(plan: GraphPlan) -> GraphPlan:
+    """`plan` with one region on the compute lane in place of its regions (see
+    `Graph.prepare`): every node in recording order, which orders every dependency the
+    edges expressed, reading and writing the union of what they read and write.
+
+    Only fills, copies and GPU kernels of one device join; `ContractError` otherwise.
+    """
+    refused = [node for node in plan.nodes if node.lane not in _COPY_LANES]
+    if refused:
+        named = ", ".join(
+            f"node {node.index} ({node.kind}) on the {node.lane.label} lane"
+            for node in refused[:3]
+        )
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        raise ContractError(
+            f"graph {plan.label!r} cannot be prepared with single_launch=True: {named}{more}; "
+            "one launch holds only fills, copies and GPU kernels (prepare it without "
+            "single_launch, or move that work to a graph of its own)"
+        )
+    first = plan.regions[0]
+    for field in dataclasses.fields(RegionPlan):
+        if field.name in _JOINED_FIELDS:
+            continue
+        values = [getattr(region, field.name) for region in plan.regions]
+        if any(value != values[0] for value in values):
+            raise ContractError(
+                f"graph {plan.label!r} cannot be prepared with single_launch=True: its "
+                f"regions differ in {field.name} ({sorted(set(map(repr, values)))}); one "
+                "launch runs on one device"
+            )
+    region = dataclasses.replace(
+        first,
+        index=0,
+        lane=Lane.COMPUTE,
+        nodes=tuple(node.index for node in plan.nodes),
+        ops=tuple(node.op for node in plan.nodes),
+        reads=plan.reads,
+        writes=plan.writes,
+        copy_bytes=sum(part.copy_bytes for part in plan.regions),
+        joined=plan.regions,
+    )
+    return dataclasses.replace(plan, regions=(region,), edges=frozenset())
