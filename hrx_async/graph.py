@@ -249,8 +249,8 @@ class Graph:
         `single_launch=True` (for small, latency-bound replays): a graph of fills, copies
         and GPU kernels becomes one region on the compute lane, every node in recording
         order, prepared as one program (on CUDA and HIP one native graph: a replay is one
-        launch and one fence). Its parts then no longer overlap other submissions' work on
-        the upload and download lanes. Admission order, byte-range ordering, failure,
+        launch and one fence). Its copies then queue behind the compute lane's work, so
+        they no longer overlap kernels of other submissions or replays. Admission order, byte-range ordering, failure,
         poison and cancellation are those of any region, applied to the whole graph. A
         graph with NPU or host nodes raises `ContractError` and stays as it was.
         """
@@ -451,8 +451,7 @@ def single_launch_plan(plan: GraphPlan) -> GraphPlan:
     refused = [node for node in plan.nodes if node.lane not in _COPY_LANES]
     if refused:
         named = ", ".join(
-            f"node {node.index} ({node.kind}) on the {node.lane.label} lane"
-            for node in refused[:3]
+            f"node {node.index} ({node.kind}) on the {node.lane.label} lane" for node in refused[:3]
         )
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         raise ContractError(
