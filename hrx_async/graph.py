@@ -248,12 +248,13 @@ class Graph:
 
         `single_launch=True` (for small, latency-bound replays): a graph of fills, copies
         and GPU kernels becomes one region on the compute lane, every node in recording
-        order, prepared as one program (on CUDA and HIP one native graph: a replay is one
-        launch and one fence). Its copies then queue behind the compute lane's work, so
-        they no longer overlap kernels of other submissions or replays. Admission order,
-        byte-range ordering, failure, poison and cancellation are those of any region,
-        applied to the whole graph. A graph with NPU or host nodes raises `ContractError`
-        and stays as it was.
+        order, prepared as one program (on CUDA and HIP one native graph, or the copy
+        itself when that is all: a replay is one launch and one fence; on sim one worker
+        job). Its copies then queue behind the compute lane's work, so they no longer
+        overlap kernels of other submissions or replays. Admission order, byte-range
+        ordering, failure, poison and cancellation are those of any region, applied to the
+        whole graph. A graph with NPU or host nodes raises `ContractError` and stays as it
+        was.
         """
         if self._preparer is None:
             raise ContractError("this graph has no runtime; record it with Runtime.graph()")

@@ -334,8 +334,13 @@ async def test_disjoint_bytes_do_not_wait() -> None:
         shared = rt.allocate(2 * N, hrx.HOST_VISIBLE)
         other = rt.allocate(N, hrx.HOST_VISIBLE)
         gate = threading.Event()
+
+        def blocked_writer(a: U8) -> None:
+            gate.wait(10)
+            a.fill(1)
+
         g = rt.graph("blocked")
-        g.host(lambda a: (gate.wait(10), a.fill(1)), [(shared.view(0, N), hrx.Access.WRITE)])
+        g.host(blocked_writer, [(shared.view(0, N), hrx.Access.WRITE)])
         blocked = g.prepare().submit()
         g = rt.graph("quick")
         g.fill(other.view(), 3)
