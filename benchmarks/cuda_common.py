@@ -31,8 +31,14 @@ extern "C" __global__ void mix(const unsigned char* src, unsigned char* dst, uns
 """The kernel of the three-region replay benchmarks: dst = src * 3 + 1 (bytes)."""
 
 
-def mix_replay(rt: Any, n: int, label: str) -> tuple[Any, Any, Any]:
-    """Upload `n` bytes, run `mix`, download: the prepared graph, its host input and output."""
+def mix_host(arrays: list[Any], constants: bytes) -> None:
+    """`mix` for the sim backend (a smoke run of a benchmark without a GPU)."""
+    arrays[1][:] = arrays[0] * np.uint8(3) + np.uint8(1)
+
+
+def mix_replay(rt: Any, n: int, label: str, single_launch: bool = False) -> tuple[Any, Any, Any]:
+    """Upload `n` bytes, run `mix`, download: the prepared graph, its host input and output.
+    `single_launch` prepares it as one region (`Graph.prepare`)."""
     host_in = rt.allocate(n, hrx.HOST_VISIBLE)
     host_out = rt.allocate(n, hrx.HOST_VISIBLE)
     dev_in = rt.allocate(n, hrx.GPU_LOCAL)
@@ -41,12 +47,13 @@ def mix_replay(rt: Any, n: int, label: str) -> tuple[Any, Any, Any]:
         [hrx.Binding(n, hrx.Access.READ, 1), hrx.Binding(n, hrx.Access.WRITE, 1)],
         hrx.Constants().u32(n),
     )
-    kernel = rt.load_gpu_kernel(hrx.KernelSource(cxx=MIX_CXX), "mix", (n // 256,), (256,), contract)
+    source = hrx.KernelSource(cxx=MIX_CXX, host=mix_host)
+    kernel = rt.load_gpu_kernel(source, "mix", (n // 256,), (256,), contract)
     graph = rt.graph(label)
     graph.copy(dev_in.view(), host_in.view())
     graph.gpu(kernel, [dev_in.view(), dev_out.view()])
     graph.copy(host_out.view(), dev_out.view())
-    return graph.prepare(), host_in, host_out
+    return graph.prepare(single_launch=single_launch), host_in, host_out
 
 
 def check(result: tuple[Any, ...]) -> Any:

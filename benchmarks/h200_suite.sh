@@ -85,6 +85,7 @@ for loop in asyncio uvloop trio; do
     run_one cuda_latency "$loop" benchmarks/cuda_latency.py --pairs 2000
     run_one cuda_overhead "$loop" benchmarks/cuda_overhead.py
     run_one cuda_replay "$loop" benchmarks/cuda_replay.py --replays 4000
+    run_one cuda_single_launch "$loop" benchmarks/cuda_single_launch.py --replays 4000
     run_one cuda_pipeline "$loop" benchmarks/cuda_pipeline.py --replays 8000
     run_one cuda_user_baselines "$loop" benchmarks/cuda_user_baselines.py --pairs 2000
     run_one cuda_throughput "$loop" benchmarks/cuda_throughput.py --seconds 1.5 --rounds 4

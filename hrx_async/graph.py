@@ -8,6 +8,7 @@ summarises each region's accesses. The runtime turns a plan into a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,8 @@ class RegionPlan:
     copy_bytes: int
     npu: int | None = None
     gpu: int = 0
+    joined: tuple[RegionPlan, ...] = ()
+    """The regions a single-launch region stands for, in order; empty for any other."""
 
     @property
     def counted_lane(self) -> Lane:
@@ -88,6 +91,12 @@ class RegionPlan:
         if self.lane is Lane.NPU:
             return (self.lane, self.npu or 0)
         return (self.lane, self.gpu)
+
+    @property
+    def copies(self) -> tuple[tuple[Lane, int], ...]:
+        """Bytes copied, per lane they count on (a single-launch region's: its parts')."""
+        parts = self.joined or (self,)
+        return tuple((part.counted_lane, part.copy_bytes) for part in parts if part.copy_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +271,25 @@ class Graph:
                 view.buffer.check_alive()
         return plan_graph(self.label, self.domain, self._nodes)
 
-    def prepare(self) -> PreparedGraph:
+    def prepare(self, single_launch: bool = False) -> PreparedGraph:
         """Validate, plan and build the backend's artifacts. The graph can still be extended
-        and prepared again; prepared graphs are independent of it."""
+        and prepared again; prepared graphs are independent of it.
+
+        `single_launch=True` (for small, latency-bound replays): a graph of fills, copies
+        and GPU kernels becomes one region on the compute lane, every node in recording
+        order, prepared as one program (on CUDA and HIP one native graph, or the copy
+        itself when that is all: a replay is one launch and one fence; on sim one worker
+        job). Its copies then queue behind the compute lane's work, so they no longer
+        overlap kernels of other submissions or replays. Admission order, byte-range
+        ordering, failure, poison and cancellation are those of any region, applied to the
+        whole graph. A graph with NPU or host nodes raises `ContractError` and stays as it
+        was.
+        """
         if self._preparer is None:
             raise ContractError("this graph has no runtime; record it with Runtime.graph()")
-        return self._preparer(self.plan())
+        _validate.flag(single_launch, "single_launch")
+        plan = self.plan()
+        return self._preparer(single_launch_plan(plan) if single_launch else plan)
 
     # -- validation ------------------------------------------------------------------
 
@@ -469,3 +491,55 @@ def _overwritten_before_read(nodes: Sequence[Node]) -> tuple[Buffer, ...]:
             if access is Access.WRITE and whole and view.buffer.ident not in read:
                 cleared.setdefault(view.buffer.ident, view.buffer)
     return tuple(cleared.values())
+
+
+_JOINED_FIELDS = frozenset(
+    ("index", "lane", "nodes", "ops", "reads", "writes", "copy_bytes", "joined")
+)
+"""What a single-launch region takes from the regions it joins; every other field of
+theirs (the device they run on) must be the same."""
+
+
+def single_launch_plan(plan: GraphPlan) -> GraphPlan:
+    """`plan` with one region on the compute lane in place of its regions (see
+    `Graph.prepare`): every node in recording order, which orders every dependency the
+    edges expressed, reading and writing the union of what they read and write.
+
+    Only fills, copies and GPU kernels of one device join; `ContractError` otherwise.
+    """
+    refused = [node for node in plan.nodes if node.own_region]
+    if refused:
+        named = ", ".join(
+            f"node {node.index} ({node.kind}) "
+            + ("between GPUs" if _between_gpus(node.op) else f"on the {node.lane.label} lane")
+            for node in refused[:3]
+        )
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        raise ContractError(
+            f"graph {plan.label!r} cannot be prepared with single_launch=True: {named}{more}; "
+            "one launch holds only fills, copies and GPU kernels of one GPU (prepare it without "
+            "single_launch, or move that work to a graph of its own)"
+        )
+    first = plan.regions[0]
+    for field in dataclasses.fields(RegionPlan):
+        if field.name in _JOINED_FIELDS:
+            continue
+        values = [getattr(region, field.name) for region in plan.regions]
+        if any(value != values[0] for value in values):
+            raise ContractError(
+                f"graph {plan.label!r} cannot be prepared with single_launch=True: its "
+                f"regions differ in {field.name} ({sorted(set(map(repr, values)))}); one "
+                "launch runs on one device"
+            )
+    region = dataclasses.replace(
+        first,
+        index=0,
+        lane=Lane.COMPUTE,
+        nodes=tuple(node.index for node in plan.nodes),
+        ops=tuple(node.op for node in plan.nodes),
+        reads=plan.reads,
+        writes=plan.writes,
+        copy_bytes=sum(part.copy_bytes for part in plan.regions),
+        joined=plan.regions,
+    )
+    return dataclasses.replace(plan, regions=(region,), edges=frozenset())

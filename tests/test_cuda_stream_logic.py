@@ -698,3 +698,53 @@ async def test_awaiting_tasks_share_one_pass_budget(
                 tg.start_soon(worker, graph)
         assert count == tasks * replays
         assert max(finished_per_pass) <= limit, finished_per_pass[:20]
+
+
+async def test_single_launch_is_one_graph_launch_per_replay(host_table: HostTable) -> None:
+    """`prepare(single_launch=True)`: the upload, fill, kernel and download are captured into
+    one graph; each replay is one graph launch on the compute stream, and it is ordered by
+    device-side waits against default-mode replays on the copy streams."""
+    n = 1024
+    async with hrx.Runtime(backend="fake") as rt:
+        host_in = rt.allocate(n * 4, hrx.HOST_VISIBLE)
+        host_out = rt.allocate(n * 4, hrx.HOST_VISIBLE)
+        x, y = rt.allocate(n * 4, hrx.GPU_LOCAL), rt.allocate(n * 4, hrx.GPU_LOCAL)
+        kernel = _affine_kernel(rt, n)
+        graph = rt.graph("single")
+        graph.copy(x.view(), host_in.view())
+        graph.fill(y.view(), 0)
+        graph.gpu(kernel, [x.view(), y.view()])
+        graph.copy(host_out.view(), y.view())
+        step = graph.prepare(single_launch=True)
+        assert rt.statistics().native_graphs_prepared == 1
+        assert [p.native_graph for p in step.programs] == [True]
+        copies = host_table.calls["memcpy"]
+        launches = host_table.calls.get("graph_launch", 0)
+        values = np.arange(n, dtype=np.int32)
+        for round_ in range(3):
+            async with host_in.map_write() as memory:
+                np.frombuffer(memory, np.int32)[:] = values + round_
+            await step.submit()
+            async with host_out.map_read() as memory:
+                expected = (values + round_) * 3 + 7
+                np.testing.assert_array_equal(np.frombuffer(memory, np.int32), expected)
+        assert host_table.calls["graph_launch"] == launches + 3
+        assert host_table.calls["memcpy"] == copies  # the copies replay inside the graph
+        stats = rt.statistics()
+        assert stats.copy_streams_created == 0
+        assert stats.uploaded_bytes == stats.downloaded_bytes == 3 * n * 4
+
+        back = rt.graph("default")  # host_out -> kernel -> host_in, on three lanes
+        back.copy(x.view(), host_out.view())
+        back.gpu(kernel, [x.view(), y.view()])
+        back.copy(host_in.view(), y.view())
+        other = back.prepare()
+        host_table.delay = 0.001  # slow device: only device-side waits keep the order
+        pending = [c for _ in range(4) for c in (step.submit(), other.submit())]
+        for completion in pending:
+            await completion
+        expected = values + 2
+        for _ in range(8):
+            expected = expected * 3 + 7
+        async with host_in.map_read() as memory:
+            np.testing.assert_array_equal(np.frombuffer(memory, np.int32), expected)

@@ -90,7 +90,10 @@ def _add_value(value: int) -> object:
     return host_add
 
 
-async def run_case(backend: str, graph_ops: list[list[Op]], seed: int) -> None:
+async def run_case(
+    backend: str, graph_ops: list[list[Op]], seed: int, single_launch: frozenset[int] = frozenset()
+) -> None:
+    """`single_launch`: the graphs (by index) prepared with `single_launch=True`."""
     rng = random.Random(seed)
     async with hrx.Runtime(backend=backend) as rt:
         buffers = {name: rt.allocate(SIZE, p, label=name) for name, p in PLACEMENTS.items()}
@@ -119,7 +122,7 @@ async def run_case(backend: str, graph_ops: list[list[Op]], seed: int) -> None:
                     graph.gpu(gpu_kernels[op.nbytes], [view(op.src, op.src_offset, op.nbytes), dst])
                 else:
                     graph.npu(npu_kernels[op.nbytes], [view(op.src, op.src_offset, op.nbytes), dst])
-            prepared.append(graph.prepare())
+            prepared.append(graph.prepare(single_launch=index in single_launch))
 
         admitted: list[int] = []
         completions: list[hrx.Completion] = []

@@ -254,3 +254,25 @@ async def test_traces_name_each_lanes_device_and_read_back() -> None:
         (hrx.Lane.UPLOAD, 1),
         (hrx.Lane.DOWNLOAD, 1),
     ]
+
+
+async def test_single_launch_joins_one_gpus_work_only() -> None:
+    async with two_gpus() as rt:
+        a, b = rt.allocate(N, hrx.GPU_LOCAL), rt.allocate(N, hrx.gpu_local(1))
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        spread = rt.graph("spread")
+        spread.fill(a.view(), 1)
+        spread.fill(b.view(), 2)
+        with pytest.raises(ContractError, match="one device"):
+            spread.prepare(single_launch=True)
+        peer = rt.graph("peer")
+        peer.copy(b.view(), a.view())
+        with pytest.raises(ContractError, match="between GPUs"):
+            peer.prepare(single_launch=True)
+        local = rt.graph("local")
+        local.fill(b.view(), 3)
+        local.copy(h.view(), b.view())
+        prepared = local.prepare(single_launch=True)
+        assert [r.queue_key for r in prepared.regions] == [(hrx.Lane.COMPUTE, 1)]
+        await prepared.submit()
+        assert await read(h) == b"\x03" * N

@@ -2,7 +2,11 @@
 
 A region with one copy runs as that copy on its lane's stream (`CopyProgram`);
 every other region is captured once into a native graph and replayed with one
-graph launch (`GraphProgram`).
+graph launch (`GraphProgram`). Capture takes every operation a region may hold,
+in order on one stream: copies in any direction (host memory is pinned and
+mapped, so host-to-device and device-to-host copies become memcpy nodes), fills
+and kernels; a single-launch graph's one region (`Graph.prepare`) is one such
+graph.
 
 Kernel argument convention: every binding is passed as its own pointer
 parameter (device address of the view), in contract order, followed by the

@@ -543,8 +543,8 @@ class Scheduler:
                 # Learn how long this region takes: an idle loop watches its next replay as long.
                 estimates, index = run.estimates, plan.index
                 estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
-            if plan.copy_bytes:
-                self.counters.copied(plan.counted_lane, plan.copy_bytes)
+            for lane, nbytes in plan.copies if plan.copy_bytes else ():
+                self.counters.copied(lane, nbytes)
         started = run.started_at
         if started is not None and run.state != SKIPPED:
             submission.completion._mark_started(started)
