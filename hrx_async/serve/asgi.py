@@ -68,6 +68,15 @@ class ShutdownReport:
         stats = self.statistics
         return stats.submissions == stats.completions and not self.leftover_threads
 
+    def summary(self) -> str:
+        """A log line's worth: `drained=True submissions=9 completions=9 leftover_threads=none`."""
+        stats = self.statistics
+        threads = ",".join(self.leftover_threads) or "none"
+        return (
+            f"drained={self.drained} submissions={stats.submissions} "
+            f"completions={stats.completions} leftover_threads={threads}"
+        )
+
 
 def runtime_threads() -> tuple[str, ...]:
     """Names of live threads the runtime started (lane workers and the like)."""
@@ -124,14 +133,7 @@ class RuntimeService(Generic[T]):
         self._runtime = None
         report = ShutdownReport(runtime.statistics(), runtime_threads())
         self.shutdown_report = report
-        stats = report.statistics
-        logger.info(
-            "hrx runtime closed: drained=%s submissions=%d completions=%d leftover_threads=%s",
-            report.drained,
-            stats.submissions,
-            stats.completions,
-            ",".join(report.leftover_threads) or "none",
-        )
+        logger.info("hrx runtime closed: %s", report.summary())
 
     # -- dependencies ------------------------------------------------------------------
 

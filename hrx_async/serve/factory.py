@@ -11,7 +11,8 @@ or the factory itself when it is importable by reference, with its keyword argum
 `ReplicaApp` is the ASGI app that travels: on its first ASGI event (the lifespan startup)
 it calls the factory and hands every event to the app it got. The app must keep its
 `RuntimeService` in `app.state.service`, as the example apps do, so the host can read
-the runtime's health and counters.
+the runtime's health and counters, and, once the lifespan has closed the runtime, log
+its `ShutdownReport` where the host's logs go.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -117,26 +119,38 @@ def service_of(app: Any) -> RuntimeService[Any]:
     return service
 
 
+LIFESPAN_ENDS = frozenset({"lifespan.shutdown.complete", "lifespan.shutdown.failed"})
+
+
 class ReplicaApp:
     """An ASGI app that calls `factory(**options)` on its first event and serves what it got.
 
-    It pickles as the factory and options alone, so each process that unpickles it builds
-    its own app (and its own runtime). Exception handlers added before the app exists are
-    added to it once it does (a host may register some before the first event).
+    It pickles as the factory, options and logger name alone, so each process that
+    unpickles it builds its own app (and its own runtime). Exception handlers added before
+    the app exists are added to it once it does (a host may register some before the first
+    event). With `report_logger`, the end of the lifespan logs the runtime's
+    `ShutdownReport` there ("hrx runtime closed: drained=True ...").
     """
 
-    def __init__(self, factory: AppFactory, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        factory: AppFactory,
+        options: Mapping[str, Any] | None = None,
+        report_logger: str | None = None,
+    ) -> None:
         self.factory = resolve_factory(factory)
         self.options = dict(options or {})
+        self.report_logger = report_logger
         self._app: Any = None
         self._handlers: list[tuple[Any, Any]] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"factory": self.factory, "options": self.options}
+        return {"factory": self.factory, "options": self.options, "logger": self.report_logger}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.factory = state["factory"]
         self.options = state["options"]
+        self.report_logger = state["logger"]
         self._app = None
         self._handlers = []
 
@@ -173,7 +187,27 @@ class ReplicaApp:
             self._app.add_exception_handler(exception, handler)
 
     async def __call__(self, scope: Mapping[str, Any], receive: Receive, send: Send) -> None:
-        await self.build()(scope, receive, send)
+        app = self.build()
+        if scope["type"] != "lifespan" or self.report_logger is None:
+            await app(scope, receive, send)
+            return
+
+        async def send_after_report(message: Mapping[str, Any]) -> None:
+            # The app says its lifespan ended only after its runtime closed, and the host
+            # may end the process as soon as it hears so: log first.
+            if message["type"] in LIFESPAN_ENDS:
+                self._log_shutdown()
+            await send(message)
+
+        await app(scope, receive, send_after_report)
+
+    def _log_shutdown(self) -> None:
+        log = logging.getLogger(self.report_logger)
+        report = self.service.shutdown_report
+        if report is None:
+            log.warning("hrx runtime was not closed by the app's lifespan")
+        else:
+            log.info("hrx runtime closed: %s", report.summary())
 
     def __repr__(self) -> str:
         state = "built" if self.built else "not built"

@@ -39,8 +39,10 @@ from .ray_metrics import RuntimeMetrics
 
 INSTALL = 'pip install "hrx-async[ray]"'
 
-# Ray Serve writes this logger to each replica's own log file, tagged with the replica.
-replica_logger = logging.getLogger("ray.serve")
+# Ray Serve writes its logger and that logger's children to each replica's own log file,
+# tagged with the replica.
+SERVE_LOGGER = "ray.serve"
+replica_logger = logging.getLogger(f"{SERVE_LOGGER}.hrx")
 
 
 def ray_serve() -> Any:
@@ -56,7 +58,9 @@ class RuntimeReplica:
     """The deployment class: one replica, one runtime, inside Ray Serve's ingress wrapper.
 
     Ray Serve's `serve.ingress` wraps this class around a `ReplicaApp`; the wrapper
-    provides `self.app` and runs the app's lifespan after `__init__` and at shutdown.
+    provides `self.app` and runs the app's lifespan after `__init__` and at shutdown
+    (the `ReplicaApp` logs the runtime's `ShutdownReport` then). The metrics exporter
+    needs no stopping: it skips a closed runtime, and the process ends with the replica.
     """
 
     def __init__(self, metrics_period_s: float = 5.0) -> None:
@@ -64,6 +68,9 @@ class RuntimeReplica:
             raise ContractError(f"metrics_period_s must be >= 0 (0: none), got {metrics_period_s}")
         self._metrics_period_s = metrics_period_s
         self._exporter: asyncio.Task[None] | None = None
+        # Ray Serve quiets "ray.serve" to WARNING while it runs the app's lifespan, which is
+        # where the shutdown report is logged; pin this logger at the level configured now.
+        replica_logger.setLevel(logging.getLogger(SERVE_LOGGER).getEffectiveLevel())
         self._start_exporter()
 
     def _replica_app(self) -> ReplicaApp:
@@ -115,33 +122,6 @@ class RuntimeReplica:
             return  # not open yet, or closed: nothing new to count
         metrics.export(statistics, service.health().ok)
 
-    async def __del__(self) -> None:
-        """Ray Serve's graceful shutdown, once in-flight requests are done."""
-        exporter, self._exporter = self._exporter, None
-        if exporter is not None:
-            exporter.cancel()
-        # The ingress wrapper's own `__del__` runs the app's lifespan shutdown, which drains
-        # and closes the runtime; this class comes first in the wrapper's MRO, so call it.
-        close_app = getattr(super(), "__del__", None)
-        if close_app is not None:
-            await close_app()
-        self._log_shutdown()
-
-    def _log_shutdown(self) -> None:
-        app = getattr(self, "app", None)
-        report = app.service.shutdown_report if isinstance(app, ReplicaApp) and app.built else None
-        if report is None:
-            replica_logger.warning("hrx runtime was not closed by the app's lifespan")
-            return
-        stats = report.statistics
-        replica_logger.info(
-            "hrx runtime closed: drained=%s submissions=%d completions=%d leftover_threads=%s",
-            report.drained,
-            stats.submissions,
-            stats.completions,
-            ",".join(report.leftover_threads) or "none",
-        )
-
 
 def runtime_deployment(
     app: AppFactory,
@@ -171,7 +151,8 @@ def runtime_deployment(
     options = dict(app_options or {})
     if backend is not None:
         options["backend"] = backend
-    ingress = serve.ingress(ReplicaApp(app, options))(RuntimeReplica)
+    replica_app = ReplicaApp(app, options, report_logger=replica_logger.name)
+    ingress = serve.ingress(replica_app)(RuntimeReplica)
     actor_options = dict(deployment_options.pop("ray_actor_options", None) or {})
     actor_options.update(num_gpus=num_gpus, num_cpus=num_cpus)
     return serve.deployment(
