@@ -14,10 +14,7 @@ share one cluster and run in order:
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -31,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import load_module
+from tests.helpers import free_port, load_module, require_ray
 
 pytestmark = [
     pytest.mark.ray,
@@ -47,27 +44,6 @@ DEPLOYMENT = "hrx"
 REPLICAS = 2
 RETRYABLE = frozenset({500, 502, 503, 504})
 """What the proxy answers for a request its replica could not finish: an error, no value."""
-
-
-def _ray_or_skip(config: pytest.Config) -> ModuleType:
-    expression = config.getoption("markexpr") or ""
-    if "ray" not in expression or "not ray" in expression:
-        pytest.skip("starts a Ray cluster: select it with -m ray")
-    if importlib.util.find_spec("ray") is None:
-        message = 'Ray is not installed: pip install ".[ray]"'
-        if os.environ.get("HRX_RAY_REQUIRED") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    import ray
-
-    return ray
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -118,12 +94,12 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    ray = _ray_or_skip(request.config)
+    ray = require_ray(request.config)
     from ray import serve
 
     from hrx_async.serve.ray import runtime_application
 
-    port = _free_port()
+    port = free_port()
     # address="local": a cluster of its own even when another one runs on this machine.
     # The short metrics interval lets phase 1 read the replicas' metrics within seconds.
     context = ray.init(
