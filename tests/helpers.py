@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -83,3 +86,27 @@ def load_module(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def require_ray(config: Any) -> ModuleType:
+    """`ray` for a test marked `ray`: skipped unless `-m ray` selects it or Ray is missing
+    (failed instead when HRX_RAY_REQUIRED=1, as in `.ci/run`, so a broken install shows)."""
+    import pytest
+
+    expression = config.getoption("markexpr") or ""
+    if "ray" not in expression or "not ray" in expression:
+        pytest.skip("starts a Ray cluster: select it with -m ray")
+    if importlib.util.find_spec("ray") is None:
+        message = 'Ray is not installed: pip install ".[ray]"'
+        if os.environ.get("HRX_RAY_REQUIRED") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return importlib.import_module("ray")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,4 +1,4 @@
-"""Serving: one runtime per ASGI worker process, opened by the app's lifespan.
+"""An ASGI app's runtime: one per worker process, opened by the app's lifespan.
 
     service = RuntimeService(build_resources, backend="auto")
     app = FastAPI(lifespan=service.lifespan)
@@ -31,9 +31,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
-from .errors import ContractError, DeviceLost, RuntimeClosed
-from .runtime import Runtime
-from .stats import FIELD_NAMES, Statistics
+from ..errors import ContractError, DeviceLost, RuntimeClosed
+from ..runtime import Runtime
+from ..stats import Statistics
+from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
 
 T = TypeVar("T")
 
@@ -66,6 +67,15 @@ class ShutdownReport:
         """Every submission finished and no runtime thread outlived the runtime."""
         stats = self.statistics
         return stats.submissions == stats.completions and not self.leftover_threads
+
+    def summary(self) -> str:
+        """A log line's worth: `drained=True submissions=9 completions=9 leftover_threads=none`."""
+        stats = self.statistics
+        threads = ",".join(self.leftover_threads) or "none"
+        return (
+            f"drained={self.drained} submissions={stats.submissions} "
+            f"completions={stats.completions} leftover_threads={threads}"
+        )
 
 
 def runtime_threads() -> tuple[str, ...]:
@@ -123,14 +133,7 @@ class RuntimeService(Generic[T]):
         self._runtime = None
         report = ShutdownReport(runtime.statistics(), runtime_threads())
         self.shutdown_report = report
-        stats = report.statistics
-        logger.info(
-            "hrx runtime closed: drained=%s submissions=%d completions=%d leftover_threads=%s",
-            report.drained,
-            stats.submissions,
-            stats.completions,
-            ",".join(report.leftover_threads) or "none",
-        )
+        logger.info("hrx runtime closed: %s", report.summary())
 
     # -- dependencies ------------------------------------------------------------------
 
@@ -224,50 +227,10 @@ class RuntimeService(Generic[T]):
                 app.add_route(path, endpoint, methods=["GET"])
 
 
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_HELP = {
-    "native_graphs_prepared": "Native device graphs built by prepare().",
-    "copy_streams_created": "Copy streams created.",
-    "allocations": "Buffers allocated.",
-    "imports": "Allocations imported into an NPU (shared placement).",
-    "submissions": "Graph submissions admitted.",
-    "completions": "Graph submissions finished (succeeded, failed or cancelled).",
-    "copied_bytes": "Bytes copied by graph copies on any lane.",
-    "uploaded_bytes": "Bytes copied host to device.",
-    "downloaded_bytes": "Bytes copied device to host.",
-    "device_copied_bytes": "Bytes copied device to device.",
-    "cache_maintenance_bytes": "Bytes flushed or invalidated for NPU cache coherence.",
-    "live_bytes": "Bytes allocated now.",
-    "peak_bytes": "Highest live_bytes seen.",
-}
-_GAUGES = frozenset({"live_bytes", "peak_bytes"})
-
-
-def prometheus_text(
-    statistics: Statistics, healthy: bool | None = None, prefix: str = "hrx_"
-) -> str:
-    """The counters in the Prometheus text exposition format (counters end in `_total`)."""
-    lines: list[str] = []
-    values = statistics.to_dict()
-    for name in FIELD_NAMES:
-        gauge = name in _GAUGES
-        metric = f"{prefix}{name}" if gauge else f"{prefix}{name}_total"
-        lines.append(f"# HELP {metric} {_HELP.get(name, name)}")
-        lines.append(f"# TYPE {metric} {'gauge' if gauge else 'counter'}")
-        lines.append(f"{metric} {values[name]}")
-    if healthy is not None:
-        lines.append(f"# HELP {prefix}healthy 1 while the runtime can run work, else 0.")
-        lines.append(f"# TYPE {prefix}healthy gauge")
-        lines.append(f"{prefix}healthy {int(healthy)}")
-    return "\n".join(lines) + "\n"
-
-
 __all__ = [
-    "PROMETHEUS_CONTENT_TYPE",
     "Health",
+    "HealthState",
     "RuntimeService",
     "ShutdownReport",
-    "prometheus_text",
     "runtime_threads",
 ]
