@@ -52,6 +52,8 @@ class QueueWatch:
         self.tick_scheduled = False
         self.watcher: Any = None
         """trio: the watcher task while it is parked (`serve`), to be rescheduled once."""
+        self.reschedule: Callable[[Any], None] | None = None
+        """trio: `trio.lowlevel.reschedule`, set when the watcher starts."""
         self.closed = False
 
     def submit(
@@ -140,7 +142,8 @@ class QueueWatch:
 
     def _wake_watcher(self) -> None:
         task, self.watcher = self.watcher, None
-        trio_lowlevel().reschedule(task)
+        assert self.reschedule is not None
+        self.reschedule(task)
 
     def _tick(self) -> None:
         # asyncio: a plain callback per loop iteration is far cheaper than a task step.
@@ -155,8 +158,10 @@ class QueueWatch:
         # trio: the same sweep from a task, one per loop iteration while anything is watched.
         # Parked and woken with trio's own primitives: an Event per wait costs several times
         # more, once per region that starts a watch.
-        lowlevel = trio_lowlevel()
+        import trio.lowlevel as lowlevel  # trio is optional: imported only where it runs
+
         task = lowlevel.current_task()
+        self.reschedule = lowlevel.reschedule
         with anyio.CancelScope(shield=True):
             while not self.closed:
                 if not self.watched or self.leader:
@@ -175,14 +180,9 @@ class QueueWatch:
             self._wake_watcher()
 
 
-def trio_lowlevel() -> Any:
-    """`trio.lowlevel`, imported only where trio runs (it is an optional dependency)."""
-    import trio.lowlevel
-
-    return trio.lowlevel
-
-
 def _stay_parked(raise_cancel: Any) -> Any:
     # The watcher parks inside a shielded scope, so no cancellation reaches it; were one
     # to, it stays parked until `close` reschedules it.
-    return trio_lowlevel().Abort.FAILED
+    import trio.lowlevel
+
+    return trio.lowlevel.Abort.FAILED
