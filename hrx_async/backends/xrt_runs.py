@@ -3,7 +3,12 @@
 A prepared NPU region is an `XrtProgram`: one `xrt.run` with every argument
 set, the byte ranges to flush towards the NPU before it starts and to
 invalidate after it ends. A replay is the flushes and `run.start()`; nothing is
-allocated.
+allocated. A flush is left out when the bytes' last writer is an earlier run on
+the same NPU that ran (`XrtProgram.skipping`): they are in NPU memory already.
+Invalidation stays eager, right after the run, since host arrays over NPU memory
+outlive any one region (a DLPack export, an `interop.gpu_access` array, the
+prepared arrays of host and sim GPU programs) and read it with no call the
+backend could hook.
 
 Completion is found by reading `run.state()` (a cheap read of the command's
 state word; never `run.wait()`, which holds the interpreter lock for the whole
@@ -89,6 +94,7 @@ class XrtProgram:
     """One NPU launch prepared for replay."""
 
     __slots__ = (
+        "coherent_reads",
         "counter",
         "flushes",
         "invalidates",
@@ -99,6 +105,7 @@ class XrtProgram:
         "run",
         "stage_in",
         "stage_out",
+        "subsets",
     )
 
     def __init__(
@@ -112,6 +119,7 @@ class XrtProgram:
         roots: Sequence[Any],
         quarantine: Quarantine,
         counter: SyncCounter,
+        coherent_reads: Sequence[tuple[int, int, int]] = (),
     ) -> None:
         self.counter = counter
         self.kernel = kernel
@@ -123,20 +131,43 @@ class XrtProgram:
         self.roots = tuple(roots)
         self.quarantine = quarantine
         self.native_graph = False
+        self.coherent_reads = tuple(coherent_reads)
+        """(buffer ident, start, end) of each flush, in order: the tracker's keys for the
+        bytes, which the runtime looks up at admission to pick what `skipping` leaves out."""
+        self.subsets: dict[int, tuple[Range, ...]] = {}
+        """The flushes left after `skipping(mask)`, per mask."""
 
     def launch(self) -> None:
         """Flush what the NPU reads, then start the prepared run. Raises on refusal."""
+        self.launch_flushing(self.flushes)
+
+    def launch_flushing(self, flushes: Sequence[Range]) -> None:
+        """`launch`, flushing only `flushes` of the buffer objects' ranges it reads."""
         self.quarantine.check(self)
         synced = 0
         for host, staged, bo in self.stage_in:
             np.copyto(staged, host)
             bo.sync(TO_DEVICE)
             synced += staged.nbytes
-        for bo, nbytes, offset in self.flushes:
+        for bo, nbytes, offset in flushes:
             bo.sync(TO_DEVICE, nbytes, offset)
             synced += nbytes
         self.counter.nbytes += synced
         self.run.start()
+
+    def skipping(self, mask: int, writers: Sequence[Any]) -> XrtProgram | SkippingLaunch:
+        """This program, or one launch of it without the flushes whose bit is set in `mask`
+        (bit i: `coherent_reads[i]`), whose bytes `writers`, earlier runs on this NPU, wrote
+        last. Each writer must have run for that to hold; if one did not, the launch
+        flushes everything after all (see `SkippingLaunch`)."""
+        if not mask:
+            return self
+        flushes = self.subsets.get(mask)
+        if flushes is None:
+            flushes = self.subsets[mask] = tuple(
+                item for i, item in enumerate(self.flushes) if not mask >> i & 1
+            )
+        return SkippingLaunch(self, flushes, tuple(writers))
 
     def complete(self, state: int) -> BaseException | None:
         """The run ended in `state`: invalidate what it wrote (on success) and judge it."""
@@ -155,16 +186,53 @@ class XrtProgram:
         return None
 
 
+class SkippingLaunch:
+    """One launch of an `XrtProgram` that leaves out some of its flushes (see `skipping`).
+
+    The bytes it does not flush were last written by `writers`, earlier runs on this NPU
+    that the runtime orders before it. When it starts they have finished; if one of them
+    did not run (skipped or refused) or failed, its bytes hold what was there before it,
+    perhaps written on the host, so this launch flushes everything after all.
+    """
+
+    __slots__ = ("flushes", "kernel", "native_graph", "program", "roots", "run", "writers")
+
+    def __init__(self, program: XrtProgram, flushes: tuple[Range, ...], writers: tuple[Any, ...]):
+        self.program = program
+        self.flushes = flushes
+        self.writers = writers
+        self.run = program.run
+        self.kernel = program.kernel
+        self.roots = program.roots
+        self.native_graph = False
+
+    def launch(self) -> None:
+        writers, self.writers = self.writers, ()  # no longer needed: let them go
+        flushes = self.flushes
+        for writer in writers:
+            if not writer.wrote():
+                flushes = self.program.flushes
+                break
+        self.program.launch_flushing(flushes)
+
+    def complete(self, state: int) -> BaseException | None:
+        return self.program.complete(state)
+
+
+Launch = XrtProgram | SkippingLaunch
+"""What an NPU queue launches: a prepared program, or one launch of it."""
+
+
 class Quarantine:
     """Programs whose run outlived the watchdog, and the buffers they bind, until they end."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.programs: list[XrtProgram] = []
+        self.programs: list[Launch] = []
         self.roots: dict[int, tuple[Any, int]] = {}
         """id(root record) -> (record, how many quarantined programs bind it)."""
 
-    def add(self, program: XrtProgram) -> None:
+    def add(self, program: Launch) -> None:
         with self.lock:
             self.programs.append(program)
             for root in program.roots:
@@ -201,7 +269,7 @@ class Quarantine:
     def release_finished(self) -> int:
         """Let go of programs whose run has ended; returns how many remain."""
         with self.lock:
-            keep: list[XrtProgram] = []
+            keep: list[Launch] = []
             for program in self.programs:
                 try:
                     done = state_of(program.run) not in IN_FLIGHT
@@ -225,7 +293,7 @@ class _Item:
 
     def __init__(
         self,
-        program: XrtProgram,
+        program: Launch,
         waits: tuple[Any, ...],
         preflight: Callable[[], BaseException | None],
         fence: ThreadFence,
@@ -259,7 +327,7 @@ class XrtQueue:
 
     def submit(
         self,
-        program: XrtProgram,
+        program: Launch,
         waits: Sequence[Any],
         preflight: Callable[[], BaseException | None],
     ) -> ThreadFence:
@@ -399,6 +467,7 @@ __all__ = [
     "STATE_NAMES",
     "STICKY",
     "Quarantine",
+    "SkippingLaunch",
     "SyncCounter",
     "XrtProgram",
     "XrtQueue",

@@ -31,6 +31,7 @@ from .lane import Lane
 if TYPE_CHECKING:
     from ..backends.base import Fence
     from ..memory import Buffer
+    from ..tracker import AccessTracker
     from .scheduler import Scheduler
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
@@ -112,6 +113,40 @@ class RegionRun:
     @property
     def finished(self) -> bool:
         return self.state >= DONE
+
+    def wrote(self) -> bool:
+        """Whether it ran and succeeded, so the bytes it writes hold its output. Safe from
+        other threads: it reads the region's fence only."""
+        fence = self.fence
+        return fence is not None and fence.query() and fence.error() is None and not fence.skipped()
+
+    def program_for_writers(
+        self, tracker: AccessTracker[object], reads: Sequence[tuple[int, int, int]]
+    ) -> Any:
+        """Its program as `program.skipping` makes it for what the tracker, before this region
+        is recorded, says about who last wrote the byte ranges `reads` ((allocation, start,
+        end) each, in the program's order): a range whose every byte was last written by
+        earlier regions of this lane and backend (for an NPU: the same NPU) holds their
+        output in device memory already, if they run. Bit i of the mask stands for
+        `reads[i]`; bytes no registered user wrote, or that anything else wrote (host, a
+        mapping, a GPU, another NPU), leave their bit clear."""
+        mask = 0
+        found: list[RegionRun] = []
+        key = self.key
+        provider = self.provider
+        for bit, (allocation, start, end) in enumerate(reads):
+            writers = tracker.writers(allocation, start, end)
+            for writer in writers:
+                if (
+                    not isinstance(writer, RegionRun)
+                    or writer.provider is not provider
+                    or writer.key != key
+                ):
+                    break
+            else:
+                mask |= 1 << bit
+                found.extend(writers)  # type: ignore[arg-type]  # RegionRuns, checked above
+        return self.program.skipping(mask, found)
 
     async def wait_issued(self) -> None:
         if self.state == QUEUED:
