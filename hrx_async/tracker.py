@@ -158,7 +158,8 @@ class AccessTracker(Generic[U]):
 
         What a read of those bytes would see when it runs: the output of these users.
         """
-        check_range(start, end)
+        if start < 0 or end <= start:
+            check_range(start, end)
         alloc = self._allocs.get(allocation)
         if alloc is None:
             return {None}

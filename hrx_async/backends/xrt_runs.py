@@ -137,13 +137,13 @@ class XrtProgram:
         self.subsets: dict[int, tuple[Range, ...]] = {}
         """The flushes left after `skipping(mask)`, per mask."""
 
-    def launch(self) -> None:
-        """Flush what the NPU reads, then start the prepared run. Raises on refusal."""
-        self.launch_flushing(self.flushes)
-
-    def launch_flushing(self, flushes: Sequence[Range]) -> None:
-        """`launch`, flushing only `flushes` of the buffer objects' ranges it reads."""
-        self.quarantine.check(self)
+    def launch(self, flushes: Sequence[Range] | None = None) -> None:
+        """Flush what the NPU reads (only `flushes` of it when given), then start the
+        prepared run. Raises on refusal."""
+        if self.quarantine.programs:
+            self.quarantine.check(self)
+        if flushes is None:
+            flushes = self.flushes
         synced = 0
         for host, staged, bo in self.stage_in:
             np.copyto(staged, host)
@@ -213,7 +213,7 @@ class SkippingLaunch:
             if not writer.wrote():
                 flushes = self.program.flushes
                 break
-        self.program.launch_flushing(flushes)
+        self.program.launch(flushes)
 
     def complete(self, state: int) -> BaseException | None:
         return self.program.complete(state)
@@ -374,6 +374,8 @@ class XrtQueue:
         while len(finished) < limit:
             item = self.active
             if item is None:
+                if not self.backlog:
+                    break
                 more = self._start_next()
                 finished.extend(more)
                 if self.active is None or not more:
@@ -400,7 +402,8 @@ class XrtQueue:
             item.fence.started_at = item.started
             self.active = None
             finished.append((item.fence, error, False))
-            finished.extend(self._start_next())
+            if self.backlog:
+                finished.extend(self._start_next())
         return finished
 
     def _start_next(self) -> Finished:

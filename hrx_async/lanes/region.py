@@ -131,10 +131,11 @@ class RegionRun:
         `reads[i]`; bytes no registered user wrote, or that anything else wrote (host, a
         mapping, a GPU, another NPU), leave their bit clear."""
         mask = 0
+        bit = 1
         found: list[RegionRun] = []
         key = self.key
         provider = self.provider
-        for bit, (allocation, start, end) in enumerate(reads):
+        for allocation, start, end in reads:
             writers = tracker.writers(allocation, start, end)
             for writer in writers:
                 if (
@@ -144,9 +145,10 @@ class RegionRun:
                 ):
                     break
             else:
-                mask |= 1 << bit
+                mask |= bit
                 found.extend(writers)  # type: ignore[arg-type]  # RegionRuns, checked above
-        return self.program.skipping(mask, found)
+            bit <<= 1
+        return self.program.skipping(mask, found) if mask else self.program
 
     async def wait_issued(self) -> None:
         if self.state == QUEUED:
