@@ -3,12 +3,18 @@
 A prepared NPU region is an `XrtProgram`: one `xrt.run` with every argument
 set, the byte ranges to flush towards the NPU before it starts and to
 invalidate after it ends. A replay is the flushes and `run.start()`; nothing is
-allocated. A flush is left out when the bytes' last writer is an earlier run on
-the same NPU that ran (`XrtProgram.skipping`): they are in NPU memory already.
-Invalidation stays eager, right after the run, since host arrays over NPU memory
-outlive any one region (a DLPack export, an `interop.gpu_access` array, the
-prepared arrays of host and sim GPU programs) and read it with no call the
-backend could hook.
+allocated.
+
+Cache maintenance follows who wrote the bytes last. A flush is left out when the
+access tracker names, as the last writers of the range when the run is admitted,
+only earlier runs on the same NPU, and those runs then ran (`XrtProgram.skipping`):
+the bytes are in NPU memory already. Anything else (the host, a mapping, a GPU
+copy or kernel, no writer the tracker still knows) keeps the flush; the tracker
+forgets work once it finishes, so a run admitted after its producer finished
+flushes too, which is safe because invalidation stays eager: right after each run.
+It is not made lazy (at the next reader off the NPU) because one reader cannot be
+hooked: a DLPack export of NPU memory is a host array that reads it whenever its
+holder does, with no call to the runtime.
 
 Completion is found by reading `run.state()` (a cheap read of the command's
 state word; never `run.wait()`, which holds the interpreter lock for the whole
