@@ -318,3 +318,24 @@ async def test_a_dlpack_export_sees_every_npu_result(
             await write(a.view(), inputs(seed))
             await run_once.submit()
             assert np.array_equal(exported, step(inputs(seed)))
+
+
+async def test_writes_through_a_dlpack_export_reach_the_next_npu_run(
+    fake: ModuleType, source: hrx.KernelSource
+) -> None:
+    # The runtime does not see these writes. Between awaited runs they are legal, and the
+    # producer of `b` has finished and been forgotten when the consumer is admitted, so
+    # the consumer flushes `b`: that is what makes them visible to the NPU.
+    async with hrx.Runtime(backend="sim", npu="xrt") as rt:
+        kernel = load(rt, source)
+        a, b, c = npu_buffers(rt, 3)
+        first, second = rt.graph("first"), rt.graph("second")
+        first.npu(kernel, [a.view(), b.view()])
+        second.npu(kernel, [b.view(), c.view()])
+        produce, consume = first.prepare(), second.prepare()
+        exported = np.from_dlpack(b.view()).view(np.int32)
+        await write(a.view(), inputs(3))
+        await produce.submit()
+        exported[:] += 1000
+        await consume.submit()
+        assert np.array_equal(await read(c.view()), step(step(inputs(3)) + 1000))
