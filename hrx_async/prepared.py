@@ -72,8 +72,8 @@ class PreparedGraph:
             getattr(program, "coherent_reads", ()) for program in programs
         )
         """Per region, the byte ranges (buffer ident, start, end) its program syncs before it
-        runs unless an earlier region of its lane wrote them last (see
-        `lanes.region.own_lane_writes`); empty for most programs."""
+        runs unless earlier regions of its lane wrote them last (see
+        `RegionRun.program_for_writers`); empty for most programs."""
         self.clears = tuple(_written_whole(plan, region) for region in plan.regions)
         """Per region, the buffers it writes whole: running it clears their poison."""
         self.region_inputs = tuple(

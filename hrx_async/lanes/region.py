@@ -123,13 +123,16 @@ class RegionRun:
     def program_for_writers(
         self, tracker: AccessTracker[object], reads: Sequence[tuple[int, int, int]]
     ) -> Any:
-        """Its program as `program.skipping` makes it for what the tracker, before this region
-        is recorded, says about who last wrote the byte ranges `reads` ((allocation, start,
-        end) each, in the program's order): a range whose every byte was last written by
-        earlier regions of this lane and backend (for an NPU: the same NPU) holds their
-        output in device memory already, if they run. Bit i of the mask stands for
-        `reads[i]`; bytes no registered user wrote, or that anything else wrote (host, a
-        mapping, a GPU, another NPU), leave their bit clear."""
+        """The program to launch for this region, given who last wrote the byte ranges
+        `reads` ((allocation, start, end) each, in its program's order) as the tracker has
+        it before this region is recorded.
+
+        A range whose every byte was last written by earlier regions of this lane and
+        backend (for an NPU: the same NPU) is in device memory already, provided those
+        regions run; bit i of the mask handed to `program.skipping`, with those regions,
+        marks `reads[i]` so. Bytes without a registered writer, or written by anything
+        else (the host, a mapping, a GPU, another NPU), leave their bit clear. The same
+        program when no bit is set."""
         mask = 0
         bit = 1
         found: list[RegionRun] = []
