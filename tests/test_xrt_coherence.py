@@ -339,3 +339,32 @@ async def test_writes_through_a_dlpack_export_reach_the_next_npu_run(
         exported[:] += 1000
         await consume.submit()
         assert np.array_equal(await read(c.view()), step(step(inputs(3)) + 1000))
+
+
+
+async def test_a_hung_run_that_skipped_a_flush_quarantines_its_program(
+    fake: ModuleType, source: hrx.KernelSource
+) -> None:
+    async with hrx.Runtime(backend="sim", npu="xrt") as rt:
+        rt._npu_backend.watchdog_s = 0.05
+        kernel = load(rt, source)
+        a, b, c = npu_buffers(rt, 3)
+        first, second = rt.graph("first"), rt.graph("second")
+        first.npu(kernel, [a.view(), b.view()])
+        second.npu(kernel, [b.view(), c.view()])
+        produce, consume = first.prepare(), second.prepare()
+        await write(a.view(), inputs(6))
+        fake_pyxrt.FAKE.syncs.clear()
+        produced = produce.submit()  # started at once
+        fake_pyxrt.FAKE.hang_next = 1  # the next run to start: the consumer
+        consumed = consume.submit()  # admitted while `b`'s producer is pending
+        await produced
+        with pytest.raises(hrx.ExecutionError, match="watchdog"):
+            await consumed
+        assert synced(b, TO_DEVICE) == []
+        with pytest.raises(hrx.ExecutionError, match="previous run is still going"):
+            await consume.submit()  # the program itself, not a launch of it, is refused
+        fake_pyxrt.FAKE.release_hung()
+        await write(c.view(), np.zeros(WORDS, np.int32))  # clears the hung run's poison
+        await consume.submit()
+        assert np.array_equal(await read(c.view()), step(step(inputs(6))))

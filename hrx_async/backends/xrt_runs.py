@@ -256,7 +256,8 @@ class Quarantine:
         if not self.programs:
             return
         self.release_finished()
-        if program in self.programs:
+        run = program.run  # held by the program and by every launch of it
+        if any(held.run is run for held in self.programs):
             raise BackendError(
                 "xrt",
                 f"run {program.kernel}",
