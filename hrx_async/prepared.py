@@ -29,6 +29,7 @@ class PreparedGraph:
     __slots__ = (
         "buffers",
         "clears",
+        "coherent_reads",
         "estimates",
         "input_reads",
         "inputs",
@@ -67,6 +68,12 @@ class PreparedGraph:
         )
         """Per region, what admission needs, worked out once: its plan, program, provider,
         queue key and byte-range accesses (reads first) as (buffer ident, start, end, writes)."""
+        self.coherent_reads: tuple[tuple[tuple[int, int, int], ...], ...] = tuple(
+            getattr(program, "coherent_reads", ()) for program in programs
+        )
+        """Per region, the byte ranges (buffer ident, start, end) its program syncs before it
+        runs unless earlier regions of its lane wrote them last (see
+        `RegionRun.program_for_writers`); empty for most programs."""
         self.clears = tuple(_written_whole(plan, region) for region in plan.regions)
         """Per region, the buffers it writes whole: running it clears their poison."""
         self.region_inputs = tuple(

@@ -152,6 +152,35 @@ class AccessTracker(Generic[U]):
                     deps.update(g.members)
         return deps
 
+    def writers(self, allocation: Hashable, start: int, end: int) -> set[U | None]:
+        """The registered last writers of bytes ``[start, end)``, None standing for bytes
+        that have none (never written by a registered user, or their writer was forgotten).
+
+        What a read of those bytes would see when it runs: the output of these users.
+        """
+        if start < 0 or end <= start:
+            check_range(start, end)
+        alloc = self._allocs.get(allocation)
+        if alloc is None:
+            return {None}
+        starts = alloc.starts
+        rest = alloc.rest
+        i = bisect_right(starts, start) - 1
+        if i < 0 or rest[i][0] <= start:
+            i += 1
+        j = bisect_left(starts, end, i)
+        found: set[U | None] = set()
+        covered = start
+        for k in range(i, j):
+            if starts[k] > covered:
+                found.add(None)  # a gap: bytes nobody registered touches
+            seg_end, w, _ = rest[k]
+            found.add(w)
+            covered = seg_end
+        if covered < end:
+            found.add(None)
+        return found
+
     # -- updates ---------------------------------------------------------------------------
 
     def record(self, allocation: Hashable, start: int, end: int, writes: bool, user: U) -> set[U]:

@@ -118,6 +118,9 @@ class ByteModel:
                 deps |= r
         return deps
 
+    def writers(self, alloc: Hashable, s: int, e: int) -> set[int | None]:
+        return {w for w, _ in self.bytes[alloc][s:e]}
+
     def record(self, alloc: Hashable, s: int, e: int, writes: bool, user: int) -> set[int]:
         deps = self.dependencies(alloc, s, e, writes) - {user}
         cells = self.bytes[alloc]
@@ -190,7 +193,8 @@ def test_matches_byte_model(ops: list[tuple[object, ...]]) -> None:
             assert isinstance(writes, bool) and isinstance(alloc, Hashable)
             before = snapshot(tracker, ALLOCS)
             asked = tracker.dependencies(alloc, s, e, writes)
-            assert snapshot(tracker, ALLOCS) == before, "dependencies() changed state"
+            assert tracker.writers(alloc, s, e) == model.writers(alloc, s, e)
+            assert snapshot(tracker, ALLOCS) == before, "dependencies() or writers() changed state"
             assert asked == model.dependencies(alloc, s, e, writes)
             got = tracker.record(alloc, s, e, writes, u)
             assert got == model.record(alloc, s, e, writes, u)
@@ -264,6 +268,23 @@ def test_dependencies_is_record_without_registering() -> None:
     assert t.segments("a") == before
     assert len(t) == 1
     assert t.record("a", 0, 64, True, 4) == {1, 2, 3}
+
+
+def test_writers_names_the_last_writer_of_every_byte() -> None:
+    t: AccessTracker[int] = AccessTracker()
+    t.record("a", 8, 16, True, 1)
+    t.record("a", 16, 24, True, 2)
+    t.record("a", 24, 32, False, 3)  # read only: no writer
+    assert t.writers("a", 8, 24) == {1, 2}
+    assert t.writers("a", 10, 12) == {1}
+    assert t.writers("a", 0, 16) == {None, 1}  # [0, 8) was never written
+    assert t.writers("a", 16, 40) == {2, None}
+    assert t.writers("a", 40, 48) == {None}
+    assert t.writers("nowhere", 0, 8) == {None}
+    t.forget(1)
+    assert t.writers("a", 8, 24) == {None, 2}
+    with pytest.raises(ContractError):
+        t.writers("a", 8, 8)
 
 
 # -- replay stays small ------------------------------------------------------------------

@@ -16,7 +16,9 @@ the xclbin's kernel must take at least `3 + len(contract.bindings)` arguments
 Memory: `npu_local(i)` and `shared(i)` allocations are buffer objects
 (`host_only`; instructions `cacheable`) whose host mapping (`bo.map()`) is the
 storage the rest of the runtime reads and writes. Before a run, the byte
-ranges it reads are flushed towards the NPU (`bo.sync(TO_DEVICE, n, offset)`);
+ranges it reads are flushed towards the NPU (`bo.sync(TO_DEVICE, n, offset)`),
+except those whose last writer, as the runtime's access tracker saw it when the
+run was admitted, is an earlier run on this NPU (see `XrtProgram.skipping`);
 after it completes, the ranges it wrote are invalidated (`FROM_DEVICE`), before
 any other engine can be ordered after it. Arguments whose memory is not a
 buffer object of this device (another GPU backend's host memory) go through a
@@ -341,6 +343,7 @@ class XrtBackend:
         run.set_arg(0, OPCODE_TRANSACTION)
         run.set_arg(1, loaded.insts)
         run.set_arg(2, loaded.count)
+        # Per buffer (its ident is the tracker's allocation key): root bo and byte ranges.
         flushes: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         writes: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         stage_in: list[Any] = []
@@ -355,10 +358,11 @@ class XrtBackend:
             if isinstance(record, BoRecord) and record.group == group:
                 run.set_arg(arg, self._sub_bo(record, view))
                 span = (view.offset, view.offset + view.nbytes)
+                ident = view.buffer.ident
                 if binding.access is not Access.WRITE:
-                    flushes.setdefault(id(record), (record.bo, []))[1].append(span)
+                    flushes.setdefault(ident, (record.bo, []))[1].append(span)
                 if binding.access.writes:
-                    writes.setdefault(id(record), (record.bo, []))[1].append(span)
+                    writes.setdefault(ident, (record.bo, []))[1].append(span)
                 if record not in roots:
                     roots.append(record)
             else:
@@ -368,16 +372,18 @@ class XrtBackend:
                     stage_in.append(staged)
                 if binding.access.writes:
                     stage_out.append(staged)
+        merged_flushes = _merged(flushes)
         return XrtProgram(
             op.kernel.name,
             run,
-            _merged(flushes),
-            _merged(writes),
+            [(bo, nbytes, offset) for _, bo, nbytes, offset in merged_flushes],
+            [(bo, nbytes, offset) for _, bo, nbytes, offset in _merged(writes)],
             stage_in,
             stage_out,
             roots,
             self.quarantine,
             self.synced,
+            [(ident, offset, offset + nbytes) for ident, _, nbytes, offset in merged_flushes],
         )
 
     def _sub_bo(self, record: BoRecord, view: View) -> Any:
@@ -421,19 +427,19 @@ class XrtBackend:
 
 def _merged(
     spans: dict[int, tuple[Any, list[tuple[int, int]]]],
-) -> list[tuple[Any, int, int]]:
-    """(bo, nbytes, offset) per maximal run of overlapping or touching byte ranges."""
-    out: list[tuple[Any, int, int]] = []
-    for bo, ranges in spans.values():
+) -> list[tuple[int, Any, int, int]]:
+    """(buffer ident, bo, nbytes, offset) per maximal run of overlapping or touching ranges."""
+    out: list[tuple[int, Any, int, int]] = []
+    for ident, (bo, ranges) in spans.items():
         ranges.sort()
         start, end = ranges[0]
         for lo, hi in ranges[1:]:
             if lo > end:
-                out.append((bo, end - start, start))
+                out.append((ident, bo, end - start, start))
                 start, end = lo, hi
             else:
                 end = max(end, hi)
-        out.append((bo, end - start, start))
+        out.append((ident, bo, end - start, start))
     return out
 
 

@@ -5,6 +5,17 @@ set, the byte ranges to flush towards the NPU before it starts and to
 invalidate after it ends. A replay is the flushes and `run.start()`; nothing is
 allocated.
 
+Cache maintenance follows who wrote the bytes last. A flush is left out when the
+access tracker names, as the last writers of the range when the run is admitted,
+only earlier runs on the same NPU, and those runs then ran (`XrtProgram.skipping`):
+the bytes are in NPU memory already. Anything else (the host, a mapping, a GPU
+copy or kernel, no writer the tracker still knows) keeps the flush; the tracker
+forgets work once it finishes, so a run admitted after its producer finished
+flushes too, which is safe because invalidation stays eager: right after each run.
+It is not made lazy (at the next reader off the NPU) because one reader cannot be
+hooked: a DLPack export of NPU memory is a host array that reads it whenever its
+holder does, with no call to the runtime.
+
 Completion is found by reading `run.state()` (a cheap read of the command's
 state word; never `run.wait()`, which holds the interpreter lock for the whole
 wait). States are compared as integers: RUNNING (3) is not in pyxrt's enum.
@@ -89,6 +100,7 @@ class XrtProgram:
     """One NPU launch prepared for replay."""
 
     __slots__ = (
+        "coherent_reads",
         "counter",
         "flushes",
         "invalidates",
@@ -99,6 +111,7 @@ class XrtProgram:
         "run",
         "stage_in",
         "stage_out",
+        "subsets",
     )
 
     def __init__(
@@ -112,6 +125,7 @@ class XrtProgram:
         roots: Sequence[Any],
         quarantine: Quarantine,
         counter: SyncCounter,
+        coherent_reads: Sequence[tuple[int, int, int]] = (),
     ) -> None:
         self.counter = counter
         self.kernel = kernel
@@ -123,20 +137,43 @@ class XrtProgram:
         self.roots = tuple(roots)
         self.quarantine = quarantine
         self.native_graph = False
+        self.coherent_reads = tuple(coherent_reads)
+        """(buffer ident, start, end) of each flush, in order: the tracker's keys for the
+        bytes, which the runtime looks up at admission to pick what `skipping` leaves out."""
+        self.subsets: dict[int, tuple[Range, ...]] = {}
+        """The flushes left after `skipping(mask)`, per mask."""
 
-    def launch(self) -> None:
-        """Flush what the NPU reads, then start the prepared run. Raises on refusal."""
-        self.quarantine.check(self)
+    def launch(self, flushes: Sequence[Range] | None = None) -> None:
+        """Flush what the NPU reads (only `flushes` of it when given), then start the
+        prepared run. Raises on refusal."""
+        if self.quarantine.programs:
+            self.quarantine.check(self)
+        if flushes is None:
+            flushes = self.flushes
         synced = 0
         for host, staged, bo in self.stage_in:
             np.copyto(staged, host)
             bo.sync(TO_DEVICE)
             synced += staged.nbytes
-        for bo, nbytes, offset in self.flushes:
+        for bo, nbytes, offset in flushes:
             bo.sync(TO_DEVICE, nbytes, offset)
             synced += nbytes
         self.counter.nbytes += synced
         self.run.start()
+
+    def skipping(self, mask: int, writers: Sequence[Any]) -> XrtProgram | SkippingLaunch:
+        """This program, or one launch of it without the flushes whose bit is set in `mask`
+        (bit i: `coherent_reads[i]`), whose bytes `writers`, earlier runs on this NPU, wrote
+        last. Each writer must have run for that to hold; if one did not, the launch
+        flushes everything after all (see `SkippingLaunch`)."""
+        if not mask:
+            return self
+        flushes = self.subsets.get(mask)
+        if flushes is None:
+            flushes = self.subsets[mask] = tuple(
+                item for i, item in enumerate(self.flushes) if not mask >> i & 1
+            )
+        return SkippingLaunch(self, flushes, tuple(writers))
 
     def complete(self, state: int) -> BaseException | None:
         """The run ended in `state`: invalidate what it wrote (on success) and judge it."""
@@ -155,16 +192,53 @@ class XrtProgram:
         return None
 
 
+class SkippingLaunch:
+    """One launch of an `XrtProgram` that leaves out some of its flushes (see `skipping`).
+
+    The bytes it does not flush were last written by `writers`, earlier runs on this NPU
+    that the runtime orders before it. When it starts they have finished; if one of them
+    did not run (skipped or refused) or failed, its bytes hold what was there before it,
+    perhaps written on the host, so this launch flushes everything after all.
+    """
+
+    __slots__ = ("flushes", "kernel", "native_graph", "program", "roots", "run", "writers")
+
+    def __init__(self, program: XrtProgram, flushes: tuple[Range, ...], writers: tuple[Any, ...]):
+        self.program = program
+        self.flushes = flushes
+        self.writers = writers
+        self.run = program.run
+        self.kernel = program.kernel
+        self.roots = program.roots
+        self.native_graph = False
+
+    def launch(self) -> None:
+        writers, self.writers = self.writers, ()  # no longer needed: let them go
+        flushes = self.flushes
+        for writer in writers:
+            if not writer.wrote():
+                flushes = self.program.flushes
+                break
+        self.program.launch(flushes)
+
+    def complete(self, state: int) -> BaseException | None:
+        return self.program.complete(state)
+
+
+Launch = XrtProgram | SkippingLaunch
+"""What an NPU queue launches: a prepared program, or one launch of it."""
+
+
 class Quarantine:
     """Programs whose run outlived the watchdog, and the buffers they bind, until they end."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.programs: list[XrtProgram] = []
+        self.programs: list[Launch] = []
         self.roots: dict[int, tuple[Any, int]] = {}
         """id(root record) -> (record, how many quarantined programs bind it)."""
 
-    def add(self, program: XrtProgram) -> None:
+    def add(self, program: Launch) -> None:
         with self.lock:
             self.programs.append(program)
             for root in program.roots:
@@ -182,7 +256,8 @@ class Quarantine:
         if not self.programs:
             return
         self.release_finished()
-        if program in self.programs:
+        run = program.run  # held by the program and by every launch of it
+        if any(held.run is run for held in self.programs):
             raise BackendError(
                 "xrt",
                 f"run {program.kernel}",
@@ -201,7 +276,7 @@ class Quarantine:
     def release_finished(self) -> int:
         """Let go of programs whose run has ended; returns how many remain."""
         with self.lock:
-            keep: list[XrtProgram] = []
+            keep: list[Launch] = []
             for program in self.programs:
                 try:
                     done = state_of(program.run) not in IN_FLIGHT
@@ -225,7 +300,7 @@ class _Item:
 
     def __init__(
         self,
-        program: XrtProgram,
+        program: Launch,
         waits: tuple[Any, ...],
         preflight: Callable[[], BaseException | None],
         fence: ThreadFence,
@@ -259,7 +334,7 @@ class XrtQueue:
 
     def submit(
         self,
-        program: XrtProgram,
+        program: Launch,
         waits: Sequence[Any],
         preflight: Callable[[], BaseException | None],
     ) -> ThreadFence:
@@ -306,6 +381,8 @@ class XrtQueue:
         while len(finished) < limit:
             item = self.active
             if item is None:
+                if not self.backlog:
+                    break
                 more = self._start_next()
                 finished.extend(more)
                 if self.active is None or not more:
@@ -332,7 +409,8 @@ class XrtQueue:
             item.fence.started_at = item.started
             self.active = None
             finished.append((item.fence, error, False))
-            finished.extend(self._start_next())
+            if self.backlog:
+                finished.extend(self._start_next())
         return finished
 
     def _start_next(self) -> Finished:
@@ -399,6 +477,7 @@ __all__ = [
     "STATE_NAMES",
     "STICKY",
     "Quarantine",
+    "SkippingLaunch",
     "SyncCounter",
     "XrtProgram",
     "XrtQueue",

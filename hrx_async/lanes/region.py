@@ -31,6 +31,7 @@ from .lane import Lane
 if TYPE_CHECKING:
     from ..backends.base import Fence
     from ..memory import Buffer
+    from ..tracker import AccessTracker
     from .scheduler import Scheduler
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
@@ -112,6 +113,45 @@ class RegionRun:
     @property
     def finished(self) -> bool:
         return self.state >= DONE
+
+    def wrote(self) -> bool:
+        """Whether it ran and succeeded, so the bytes it writes hold its output. Safe from
+        other threads: it reads the region's fence only."""
+        fence = self.fence
+        return fence is not None and fence.query() and fence.error() is None and not fence.skipped()
+
+    def program_for_writers(
+        self, tracker: AccessTracker[object], reads: Sequence[tuple[int, int, int]]
+    ) -> Any:
+        """The program to launch for this region, given who last wrote the byte ranges
+        `reads` ((allocation, start, end) each, in its program's order) as the tracker has
+        it before this region is recorded.
+
+        A range whose every byte was last written by earlier regions of this lane and
+        backend (for an NPU: the same NPU) is in device memory already, provided those
+        regions run; bit i of the mask handed to `program.skipping`, with those regions,
+        marks `reads[i]` so. Bytes without a registered writer, or written by anything
+        else (the host, a mapping, a GPU, another NPU), leave their bit clear. The same
+        program when no bit is set."""
+        mask = 0
+        bit = 1
+        found: list[RegionRun] = []
+        key = self.key
+        provider = self.provider
+        for allocation, start, end in reads:
+            writers = tracker.writers(allocation, start, end)
+            for writer in writers:
+                if (
+                    not isinstance(writer, RegionRun)
+                    or writer.provider is not provider
+                    or writer.key != key
+                ):
+                    break
+            else:
+                mask |= bit
+                found.extend(writers)  # type: ignore[arg-type]  # RegionRuns, checked above
+            bit <<= 1
+        return self.program.skipping(mask, found) if mask else self.program
 
     async def wait_issued(self) -> None:
         if self.state == QUEUED:

@@ -185,6 +185,8 @@ class Scheduler:
             run = RegionRun(
                 submission, region, program, provider, estimates, key, clears[index], inputs[index]
             )
+            if prepared.coherent_reads[index]:  # its syncs depend on who wrote its inputs last
+                run.program = run.program_for_writers(self.tracker, prepared.coherent_reads[index])
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
                 found = record(ident, start, end, writes, run)

@@ -8,7 +8,9 @@ pass stays short however many tasks await. A watched queue is handed back to its
 own waiter thread only when the loop has nothing else to do and the work is
 overdue: beyond the region's usual duration plus the budget, at most `POLL_CAP_S`.
 On asyncio the per-iteration sweep is a plain loop callback (the tick); on trio it
-is a task (`serve`).
+is a task (`serve`), parked while nothing is watched or a task leads. Waking it is a
+bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
+`release` wakes it if work is left), because each wake costs the loop a task step.
 """
 
 from __future__ import annotations
@@ -48,7 +50,10 @@ class QueueWatch:
         self.leader = False
         """True while a task awaiting a completion sweeps in place of the tick."""
         self.tick_scheduled = False
-        self.watcher_wakeup: anyio.Event | None = None
+        self.watcher: Any = None
+        """trio: the watcher task while it is parked (`serve`), to be rescheduled once."""
+        self.reschedule: Callable[[Any], None] | None = None
+        """trio: `trio.lowlevel.reschedule`, set when the watcher starts."""
         self.closed = False
 
     def submit(
@@ -132,8 +137,13 @@ class QueueWatch:
             if not self.tick_scheduled:
                 self.tick_scheduled = True
                 loop.call_soon(self._tick)
-        elif self.watcher_wakeup is not None:
-            self.watcher_wakeup.set()
+        elif self.watcher is not None and not self.leader:
+            self._wake_watcher()
+
+    def _wake_watcher(self) -> None:
+        task, self.watcher = self.watcher, None
+        assert self.reschedule is not None
+        self.reschedule(task)
 
     def _tick(self) -> None:
         # asyncio: a plain callback per loop iteration is far cheaper than a task step.
@@ -146,20 +156,33 @@ class QueueWatch:
 
     async def serve(self) -> None:
         # trio: the same sweep from a task, one per loop iteration while anything is watched.
+        # Parked and woken with trio's own primitives: an Event per wait costs several times
+        # more, once per region that starts a watch.
+        import trio.lowlevel as lowlevel  # trio is optional: imported only where it runs
+
+        task = lowlevel.current_task()
+        self.reschedule = lowlevel.reschedule
         with anyio.CancelScope(shield=True):
             while not self.closed:
                 if not self.watched or self.leader:
-                    self.watcher_wakeup = anyio.Event()
-                    await self.watcher_wakeup.wait()
-                    self.watcher_wakeup = None
+                    self.watcher = task
+                    await lowlevel.wait_task_rescheduled(_stay_parked)
                     continue
                 self.sweep(True)
-                await anyio.lowlevel.checkpoint()
+                await lowlevel.checkpoint()
 
     def close(self) -> None:
         self.closed = True
         for queue in self.watched:
             queue.unwatch()
         self.watched.clear()
-        if self.watcher_wakeup is not None:
-            self.watcher_wakeup.set()
+        if self.watcher is not None:
+            self._wake_watcher()
+
+
+def _stay_parked(raise_cancel: Any) -> Any:
+    # The watcher parks inside a shielded scope, so no cancellation reaches it; were one
+    # to, it stays parked until `close` reschedules it.
+    import trio.lowlevel
+
+    return trio.lowlevel.Abort.FAILED
