@@ -110,12 +110,9 @@ class Scheduler:
         self.watch = QueueWatch(self.asyncio_loop)
 
     def start(self, gpus: int, npus: int) -> None:
-        """Start every lane task (and trio's queue watcher) from the opening task: three
-        per GPU, one per NPU, and the host lane.
-
-        Admission also happens in loop callbacks (a finished submission admits the next
-        waiting one), where no task can be started; so nothing is started lazily.
-        """
+        """Start every lane task (three per GPU, one per NPU, the host lane) and trio's
+        queue watcher from the opening task. Admission also happens in loop callbacks (a
+        finished submission admits the next one), where no task can be started."""
         keys = [(lane, gpu) for gpu in range(gpus) for lane in Lane if lane < Lane.NPU]
         keys += [(Lane.HOST, 0)] + [(Lane.NPU, index) for index in range(max(npus, 1))]
         for key in keys:
