@@ -314,7 +314,10 @@ class Runtime:
         checked = _validate.as_integer(number)
         if checked is None or not 0 <= checked < gpus:
             raise ContractError(f"GPU number must be in 0..{gpus - 1}, got {number!r}")
-        return GpuDevice(backend.name, self._devices[checked], backend.target, checked)
+        # A several-GPU backend keeps one backend per device, each with its own target.
+        each = getattr(backend, "devices", None)
+        target = each[checked].target if isinstance(each, tuple) else backend.target
+        return GpuDevice(backend.name, self._devices[checked], target, checked)
 
     def gpus(self) -> tuple[GpuDevice, ...]:
         """Every GPU of the runtime, in `devices` order."""
