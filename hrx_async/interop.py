@@ -67,14 +67,17 @@ class GpuAccess:
     """What native code gets inside `Runtime.gpu_access`.
 
     `stream`: raw stream handle to queue work on (None on sim, where the block
-    runs on the host); `pointers`: the device address of each view, in order;
-    `arrays`: on sim, each view as a uint8 numpy array (read-only for READ).
+    runs on the host), a stream of the views' GPU; `pointers`: the device address of each
+    view, in order; `arrays`: on sim, each view as a uint8 numpy array (read-only for
+    READ); `gpu`: the runtime's GPU number of the views (make its device current before
+    queuing on `stream`, e.g. `torch.cuda.device(rt.gpu(access.gpu).index)`).
     """
 
     views: tuple[View, ...]
     stream: int | None
     pointers: tuple[int, ...]
     arrays: tuple[ByteArray, ...] | None = None
+    gpu: int = 0
 
 
 class _ExternalToken(MappingToken):
@@ -153,7 +156,7 @@ def adopt_gpu_buffer(runtime: Runtime, obj: Any, placement: Placement, label: st
     stream: int | None = None
     interop = backend if isinstance(backend, GpuInterop) else None
     if interop is not None:
-        pointer, nbytes, owner, stream = _gpu_array(obj, interop)
+        pointer, nbytes, owner, stream = _gpu_array(obj, interop, placement.gpu)
         storage = interop.adopt_pointer(pointer, nbytes, placement, owner)
     else:
         array = _host_array(obj)
@@ -170,7 +173,7 @@ def adopt_gpu_buffer(runtime: Runtime, obj: Any, placement: Placement, label: st
     )
     if interop is not None and stream is not None:
         # The producer may still be writing on its stream: order our work after it.
-        fence = interop.fence_on_stream(stream)
+        fence = interop.fence_on_stream(stream, placement.gpu)
         _order_after(runtime, backend, fence, [(buffer, True)], f"adopt {buffer.label}")
     return buffer
 
@@ -229,13 +232,14 @@ def _host_array(obj: Any) -> ByteArray:
     return bytes_view
 
 
-def _gpu_array(obj: Any, backend: GpuInterop) -> tuple[int, int, Any, int | None]:
-    """(pointer, nbytes, owner, producer stream) of a CUDA array (CAI first, then DLPack)."""
+def _gpu_array(obj: Any, backend: GpuInterop, gpu: int) -> tuple[int, int, Any, int | None]:
+    """(pointer, nbytes, owner, producer stream) of a CUDA array (CAI first, then DLPack) on
+    the runtime's GPU number `gpu`."""
     interface = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(interface, dict):
         return _from_cuda_array_interface(obj, interface)
     if hasattr(obj, "__dlpack__"):
-        return _from_dlpack(obj, backend)
+        return _from_dlpack(obj, backend, gpu)
     raise ContractError(
         f"cannot adopt {type(obj).__name__}: it has neither __cuda_array_interface__ nor "
         "__dlpack__ (pass a PyTorch or CuPy GPU array)"
@@ -399,7 +403,7 @@ def _make_capsule(
     return _capsule_new(address, name, destructor)
 
 
-def _from_dlpack(obj: Any, backend: GpuInterop) -> tuple[int, int, Any, int | None]:
+def _from_dlpack(obj: Any, backend: GpuInterop, gpu: int) -> tuple[int, int, Any, int | None]:
     try:
         device_type, _ = obj.__dlpack_device__()
     except Exception as exc:
@@ -409,7 +413,7 @@ def _from_dlpack(obj: Any, backend: GpuInterop) -> tuple[int, int, Any, int | No
             f"{type(obj).__name__} lives on DLPack device type {device_type}; adopt GPU arrays "
             "(copy host data into a buffer instead)"
         )
-    stream = backend.interop_stream()
+    stream = backend.interop_stream(gpu)
     try:
         capsule = obj.__dlpack__(stream=stream)
     except TypeError:
@@ -481,7 +485,9 @@ def export_dlpack(
         if (
             consumer == -1
             or any(f is None for f in fences)
-            or not backend.wait_on_stream(consumer, [f for f in fences if f is not None])
+            or not backend.wait_on_stream(
+                consumer, [f for f in fences if f is not None], buffer.placement.gpu
+            )
         ):
             raise Busy(
                 f"{view} has pending writes that cannot be ordered before the consumer's stream; "
@@ -554,6 +560,13 @@ async def gpu_access(
         entry = uses.setdefault(view.buffer.ident, [view.buffer, False, False])
         entry[1] = entry[1] or mode.writes
         entry[2] = entry[2] or mode.reads
+    gpus = {buffer.placement.gpu for buffer, _, _ in uses.values()}
+    if len(gpus) > 1:
+        raise ContractError(
+            f"gpu_access takes the memory of one GPU at a time (its stream is that GPU's); "
+            f"got GPUs {sorted(gpus)}"
+        )
+    gpu = gpus.pop()
     for buffer, _writes, reads in uses.values():
         if reads and buffer.poison is not None:
             raise PoisonedError(buffer.label, buffer.poison)
@@ -578,11 +591,11 @@ async def gpu_access(
                 raise PoisonedError(buffer.label, buffer.poison)
         if native:
             assert isinstance(backend, GpuInterop)
-            handle = stream if stream is not None else backend.interop_stream()
+            handle = stream if stream is not None else backend.interop_stream(gpu)
             pointers = tuple(
                 backend.device_pointer(view.buffer.storage) + view.offset for view, _ in pairs
             )
-            access = GpuAccess(tuple(v for v, _ in pairs), handle, pointers)
+            access = GpuAccess(tuple(v for v, _ in pairs), handle, pointers, gpu=gpu)
         else:
             arrays = []
             for view, mode in pairs:
@@ -596,6 +609,7 @@ async def gpu_access(
                 None,
                 tuple(int(a.ctypes.data) for a in arrays),
                 tuple(arrays),
+                gpu,
             )
         yield access
     finally:
@@ -604,7 +618,7 @@ async def gpu_access(
             tracker.forget(token)
         if handle is not None and runtime._scheduler is not None:
             assert isinstance(backend, GpuInterop)
-            fence = backend.fence_on_stream(handle)
+            fence = backend.fence_on_stream(handle, gpu)
             _order_after(
                 runtime,
                 backend,

@@ -276,3 +276,20 @@ async def test_single_launch_joins_one_gpus_work_only() -> None:
         assert [r.queue_key for r in prepared.regions] == [(hrx.Lane.COMPUTE, 1)]
         await prepared.submit()
         assert await read(h) == b"\x03" * N
+
+
+async def test_gpu_access_takes_one_gpus_memory_and_names_it() -> None:
+    async with two_gpus() as rt:
+        a, b = rt.allocate(N, hrx.GPU_LOCAL), rt.allocate(N, hrx.gpu_local(1))
+        with pytest.raises(ContractError, match="one GPU at a time"):
+            async with rt.gpu_access([(a.view(), hrx.Access.READ), (b.view(), hrx.Access.WRITE)]):
+                pass
+        async with rt.gpu_access([(b.view(), hrx.Access.WRITE)]) as access:
+            assert access.gpu == 1
+            assert access.arrays is not None
+            access.arrays[0][:] = 5
+        h = rt.allocate(N, hrx.HOST_VISIBLE)
+        graph = rt.graph("after-access")
+        graph.copy(h.view(), b.view())
+        await graph.prepare().submit()
+        assert await read(h) == b"\x05" * N

@@ -98,6 +98,31 @@ async def test_a_pipeline_across_two_gpus_is_ordered_and_correct() -> None:
         assert len(info["devices"]) == 2
 
 
+@needs_two
+async def test_native_code_and_adopted_arrays_on_the_second_gpu() -> None:
+    cupy = pytest.importorskip("cupy")
+    async with hrx.Runtime(backend="cuda", devices=[0, 1], npu=None) as rt:
+        second, host = rt.allocate(N, hrx.gpu_local(1)), rt.allocate(N, hrx.HOST_VISIBLE)
+        async with rt.gpu_access([(second.view(), hrx.Access.WRITE)]) as access:
+            assert access.gpu == 1 and access.stream is not None
+            with cupy.cuda.Device(rt.gpu(access.gpu).index):
+                memory = cupy.cuda.UnownedMemory(access.pointers[0], N, second, device_id=1)
+                array = cupy.ndarray((N,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+                with cupy.cuda.ExternalStream(access.stream):
+                    array.fill(9)  # queued on GPU 1's interop stream, ordered before below
+        graph = rt.graph("after-native")
+        graph.copy(host.view(), second.view())
+        await graph.prepare().submit()
+        assert await read(host) == b"\x09" * N
+        with cupy.cuda.Device(1):
+            foreign = cupy.full((N,), 4, dtype=cupy.uint8)
+        adopted = rt.adopt_gpu_buffer(foreign, hrx.gpu_local(1))
+        graph = rt.graph("adopted")
+        graph.copy(host.view(), adopted.view())
+        await graph.prepare().submit()
+        assert await read(host) == b"\x04" * N
+
+
 @needs_cuda
 def test_the_several_gpu_backend_routes_and_waits_between_devices() -> None:
     from hrx_async.backends.cuda import open_backend

@@ -401,7 +401,7 @@ class StreamBackend:
             pointer, device_pointer, nbytes, host=host, owner=owner, device=self.device
         )
 
-    def interop_stream(self) -> int:
+    def interop_stream(self, gpu: int = 0) -> int:
         """A stream of the runtime's own for native code (`Runtime.gpu_access`)."""
         if self._interop_stream is None:
             self._interop_stream = self.table.stream_create()
@@ -409,7 +409,7 @@ class StreamBackend:
             self._streams[handle] = self._interop_stream
         return self.table.stream_handle(self._interop_stream)
 
-    def fence_on_stream(self, handle: int) -> StreamFence:
+    def fence_on_stream(self, handle: int, gpu: int = 0) -> StreamFence:
         """A fence for everything queued so far on the raw stream `handle`."""
         event = self.events.take()
         table = self.table
@@ -424,7 +424,7 @@ class StreamBackend:
         fences.add(fence)
         return fence
 
-    def wait_on_stream(self, handle: int, fences: Sequence[Fence]) -> bool:
+    def wait_on_stream(self, handle: int, fences: Sequence[Fence], gpu: int = 0) -> bool:
         """Make the raw stream `handle` wait for `fences` on the device.
 
         False (and nothing queued) when one of them is not a fence of this backend.

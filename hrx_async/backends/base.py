@@ -183,15 +183,16 @@ class GpuInterop(Protocol):
         """Storage over memory another library owns; `owner` is kept alive with it."""
         ...
 
-    def interop_stream(self) -> int:
-        """A raw stream handle of the backend's own for native code."""
+    def interop_stream(self, gpu: int = 0) -> int:
+        """A raw stream handle of the backend's own for native code, on the runtime's GPU
+        number `gpu` (the streams of the next two calls are that GPU's too)."""
         ...
 
-    def fence_on_stream(self, handle: int) -> Fence:
+    def fence_on_stream(self, handle: int, gpu: int = 0) -> Fence:
         """A fence for the work queued so far on the raw stream `handle`."""
         ...
 
-    def wait_on_stream(self, handle: int, fences: Sequence[Fence]) -> bool:
+    def wait_on_stream(self, handle: int, fences: Sequence[Fence], gpu: int = 0) -> bool:
         """Make stream `handle` wait for `fences` on the device (False: not this backend's)."""
         ...
 

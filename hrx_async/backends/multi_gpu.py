@@ -10,8 +10,9 @@ work across devices exactly as within one.
 
 The stream APIs keep a current device per thread, and every call this backend
 forwards is made on the event loop's thread: it makes the right device current
-before forwarding and remembers which one is, so one device in a row costs one
-comparison. Fence waiter threads make their own device current once.
+before each one (one driver call; not cached, since code sharing the loop, such as
+a `gpu_access` block, may change it). Fence waiter threads make their own device
+current once; finishing fences (event queries) needs no current device.
 
 Peer access is enabled between every pair of devices that allow it, so a copy
 between GPUs goes peer to peer; otherwise the driver stages it through host
@@ -61,7 +62,6 @@ class DeviceQueue:
         self._queue.unwatch()
 
     def sweep(self, limit: int) -> tuple[int, bool]:
-        self._enter(self._gpu)
         return self._queue.sweep(limit)
 
     def close(self) -> None:
@@ -81,7 +81,6 @@ class MultiGpuBackend:
         self.device = first.device
         self.poll_budget_us = first.poll_budget_us
         self._position = {backend.device: gpu for gpu, backend in enumerate(self.devices)}
-        self._current: int | None = None
         self._queues: dict[QueueKey, DeviceQueue] = {}
         self.peers: list[tuple[int, int]] = []
         """(GPU number, GPU number) pairs with direct peer access enabled."""
@@ -95,9 +94,7 @@ class MultiGpuBackend:
     def enter(self, gpu: int) -> StreamBackend:
         """Make GPU number `gpu` current on the calling (loop) thread; its backend."""
         backend = self.devices[gpu]
-        if self._current != gpu:
-            backend.table.set_device(backend.device)
-            self._current = gpu
+        backend.table.set_device(backend.device)
         return backend
 
     @property
@@ -154,7 +151,7 @@ class MultiGpuBackend:
             )
         return DeviceKernels(kernels)
 
-    # -- interop: the first device's, like `GPU_LOCAL` ------------------------------------
+    # -- interop: each GPU's own streams ---------------------------------------------------
 
     def device_pointer(self, storage: Any) -> int:
         return self.devices[0].device_pointer(storage)
@@ -170,14 +167,14 @@ class MultiGpuBackend:
             raise Unsupported(f"this runtime has {len(self.devices)} GPUs, not {placement}")
         return self.enter(gpu).adopt_pointer(pointer, nbytes, placement, owner)
 
-    def interop_stream(self) -> int:
-        return self.enter(0).interop_stream()
+    def interop_stream(self, gpu: int = 0) -> int:
+        return self.enter(gpu).interop_stream()
 
-    def fence_on_stream(self, handle: int) -> Fence:
-        return self.enter(0).fence_on_stream(handle)
+    def fence_on_stream(self, handle: int, gpu: int = 0) -> Fence:
+        return self.enter(gpu).fence_on_stream(handle)
 
-    def wait_on_stream(self, handle: int, fences: Sequence[Fence]) -> bool:
-        return self.enter(0).wait_on_stream(handle, fences)
+    def wait_on_stream(self, handle: int, fences: Sequence[Fence], gpu: int = 0) -> bool:
+        return self.enter(gpu).wait_on_stream(handle, fences)
 
     # -- lifetime ------------------------------------------------------------------------
 
