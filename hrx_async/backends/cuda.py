@@ -244,6 +244,7 @@ class CudaTable:
         free, total = self._check(rt.cudaMemGetInfo(), "cudaMemGetInfo")
         driver = self._check(rt.cudaDriverGetVersion(), "cudaDriverGetVersion")
         runtime = self._check(rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
+        count = self._check(rt.cudaGetDeviceCount(), "cudaGetDeviceCount")
         try:
             import cuda.bindings as bindings
 
@@ -265,6 +266,7 @@ class CudaTable:
             "memory_total_bytes": int(total),
             "memory_free_bytes": int(free),
             "multiprocessors": int(props.multiProcessorCount),
+            "devices_visible": int(count),
         }
 
     # -- memory --------------------------------------------------------------------------

@@ -279,6 +279,7 @@ class HipTable:
         free, total = self._check(hip.hipMemGetInfo(), "hipMemGetInfo")
         driver = self._check(hip.hipDriverGetVersion(), "hipDriverGetVersion")
         runtime = self._check(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+        count = self._check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
         try:
             compiler = hiprtc_version()
         except (BackendUnavailable, BackendError) as exc:
@@ -293,6 +294,7 @@ class HipTable:
             "memory_total_bytes": int(total),
             "memory_free_bytes": int(free),
             "multiprocessors": int(props.multiProcessorCount),
+            "devices_visible": int(count),
         }
 
     # -- memory --------------------------------------------------------------------------
