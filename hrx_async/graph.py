@@ -75,6 +75,14 @@ class RegionPlan:
     gpu: int = 0
     joined: tuple[RegionPlan, ...] = ()
     """The regions a single-launch region stands for, in order; empty for any other."""
+    copies: tuple[tuple[Lane, int], ...] = dataclasses.field(init=False, default=())
+    """Bytes copied, per lane they count on (a single-launch region's: its parts'); worked
+    out once here, since every replay's statistics read it."""
+
+    def __post_init__(self) -> None:
+        parts = self.joined or (self,)
+        copies = tuple((p.counted_lane, p.copy_bytes) for p in parts if p.copy_bytes)
+        object.__setattr__(self, "copies", copies)
 
     @property
     def counted_lane(self) -> Lane:
@@ -91,12 +99,6 @@ class RegionPlan:
         if self.lane is Lane.NPU:
             return (self.lane, self.npu or 0)
         return (self.lane, self.gpu)
-
-    @property
-    def copies(self) -> tuple[tuple[Lane, int], ...]:
-        """Bytes copied, per lane they count on (a single-launch region's: its parts')."""
-        parts = self.joined or (self,)
-        return tuple((part.counted_lane, part.copy_bytes) for part in parts if part.copy_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,7 +496,7 @@ def _overwritten_before_read(nodes: Sequence[Node]) -> tuple[Buffer, ...]:
 
 
 _JOINED_FIELDS = frozenset(
-    ("index", "lane", "nodes", "ops", "reads", "writes", "copy_bytes", "joined")
+    ("index", "lane", "nodes", "ops", "reads", "writes", "copy_bytes", "joined", "copies")
 )
 """What a single-launch region takes from the regions it joins; every other field of
 theirs (the device they run on) must be the same."""
