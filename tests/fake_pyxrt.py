@@ -17,6 +17,7 @@ made from an event loop's thread.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sys
@@ -24,7 +25,7 @@ import threading
 import time
 import types
 import uuid as _uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -555,3 +556,22 @@ def uninstall() -> None:
     sys.modules.pop("pyxrt", None)
 
 
+@contextlib.contextmanager
+def installed(
+    references: dict[str, Callable[[list[np.ndarray[Any, Any]]], None]] | None = None,
+) -> Iterator[types.ModuleType]:
+    """The fake installed for one test, with host references per kernel name; the test
+    fails if `run.wait()` was called on an event loop's thread."""
+    module = install()
+    FAKE.references.update(references or {})
+    try:
+        yield module
+        assert FAKE.loop_waits == [], "run.wait() was called on an event loop's thread"
+    finally:
+        uninstall()
+
+
+def affine(arrays: list[np.ndarray[Any, Any]]) -> None:
+    """A reference NPU program of two buffers: c = a * 2 + 1 over int32."""
+    a, c = arrays
+    c.view(np.int32)[:] = a.view(np.int32) * 2 + 1

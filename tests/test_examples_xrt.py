@@ -33,10 +33,8 @@ Reference = Callable[[list[np.ndarray[Any, Any]]], None]
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     monkeypatch.delenv("HRX_NPU", raising=False)
-    module = fake_pyxrt.install()
-    yield module
-    assert fake_pyxrt.FAKE.loop_waits == [], "run.wait() was called on an event loop's thread"
-    fake_pyxrt.uninstall()
+    with fake_pyxrt.installed() as module:
+        yield module
 
 
 @pytest.fixture

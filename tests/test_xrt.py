@@ -28,24 +28,17 @@ from hrx_async.errors import (
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fake_pyxrt
+from fake_pyxrt import affine
 
 pytestmark = pytest.mark.anyio
 N = 64
 
 
-def affine(arrays: list[np.ndarray[Any, Any]]) -> None:
-    a, c = arrays
-    c.view(np.int32)[:] = a.view(np.int32) * 2 + 1
-
-
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     monkeypatch.delenv("HRX_NPU", raising=False)
-    module = fake_pyxrt.install()
-    fake_pyxrt.FAKE.references["MLIR_AIE"] = affine
-    yield module
-    assert fake_pyxrt.FAKE.loop_waits == [], "run.wait() was called on an event loop's thread"
-    fake_pyxrt.uninstall()
+    with fake_pyxrt.installed({"MLIR_AIE": affine}) as module:
+        yield module
 
 
 @pytest.fixture

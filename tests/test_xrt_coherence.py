@@ -23,16 +23,12 @@ from hrx_async.backends import xrt as xrt_backend
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fake_pyxrt
+from fake_pyxrt import affine
 
 pytestmark = pytest.mark.anyio
 N = 64
 WORDS = N // 4
 TO_DEVICE, FROM_DEVICE = 0, 1
-
-
-def affine(arrays: list[np.ndarray[Any, Any]]) -> None:
-    a, c = arrays
-    c.view(np.int32)[:] = a.view(np.int32) * 2 + 1
 
 
 def step(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -42,11 +38,8 @@ def step(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     monkeypatch.delenv("HRX_NPU", raising=False)
-    module = fake_pyxrt.install()
-    fake_pyxrt.FAKE.references["MLIR_AIE"] = affine
-    yield module
-    assert fake_pyxrt.FAKE.loop_waits == [], "run.wait() was called on an event loop's thread"
-    fake_pyxrt.uninstall()
+    with fake_pyxrt.installed({"MLIR_AIE": affine}) as module:
+        yield module
 
 
 @pytest.fixture
@@ -339,7 +332,6 @@ async def test_writes_through_a_dlpack_export_reach_the_next_npu_run(
         exported[:] += 1000
         await consume.submit()
         assert np.array_equal(await read(c.view()), step(step(inputs(3)) + 1000))
-
 
 
 async def test_a_hung_run_that_skipped_a_flush_quarantines_its_program(
