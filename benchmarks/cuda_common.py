@@ -8,6 +8,7 @@ reports ratios. Run one with `python benchmarks/cuda_latency.py --help`.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -132,6 +133,81 @@ class Direct:
 
     def sync(self, stream: Any) -> None:
         check(self.rt.cudaStreamSynchronize(stream))
+
+
+def pinned(pointer: int, nbytes: int) -> np.ndarray[Any, Any]:
+    """A numpy view of `nbytes` of pinned host memory at `pointer`."""
+    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(pointer), np.uint8)
+
+
+class DirectMix:
+    """The direct baseline of `mix_replay`, over buffers of its own: the upload, the `mix`
+    kernel and the download each captured as a graph on its own stream (`execs`, run
+    chained by events: `three_graphs`), and the three captured as one graph (`one`)."""
+
+    def __init__(self, direct: Direct, target: str, n: int, pattern: np.ndarray[Any, Any]) -> None:
+        from hrx_async.backends import cuda
+
+        cubin = cuda.compile_cxx(MIX_CXX, "mix", cuda.compile_options(target, {}))
+        function = direct.load(cubin, "mix")
+        host_in, self.host_out = direct.host_alloc(n), direct.host_alloc(n)
+        dev_in, dev_out = direct.malloc(n), direct.malloc(n)
+        pinned(host_in, n)[:] = pattern
+        self.n = n
+        self.streams = [direct.stream() for _ in range(3)]
+        self.events = [direct.event() for _ in range(2)]
+        arguments = [
+            np.array([dev_in], dtype=np.uint64),
+            np.array([dev_out], dtype=np.uint64),
+            np.array([n], dtype=np.uint32),
+        ]
+
+        def upload(stream: Any) -> None:
+            direct.memcpy(dev_in, host_in, n, stream)
+
+        def kernel(stream: Any) -> None:
+            direct.launch(function, (n // 256, 1, 1), (256, 1, 1), stream, arguments)
+
+        def download(stream: Any) -> None:
+            direct.memcpy(self.host_out, dev_out, n, stream)
+
+        def all_three(stream: Any) -> None:
+            upload(stream)
+            kernel(stream)
+            download(stream)
+
+        self.execs = [
+            direct.capture(stream, issue)
+            for stream, issue in zip(self.streams, (upload, kernel, download), strict=True)
+        ]
+        self.one_graph = direct.capture(self.streams[1], all_three)
+        self.api = direct.rt
+
+    def three_graphs(self) -> None:
+        api, streams, events, execs = self.api, self.streams, self.events, self.execs
+        api.cudaGraphLaunch(execs[0], streams[0])
+        api.cudaEventRecord(events[0], streams[0])
+        api.cudaStreamWaitEvent(streams[1], events[0], 0)
+        api.cudaGraphLaunch(execs[1], streams[1])
+        api.cudaEventRecord(events[1], streams[1])
+        api.cudaStreamWaitEvent(streams[2], events[1], 0)
+        api.cudaGraphLaunch(execs[2], streams[2])
+        api.cudaStreamSynchronize(streams[2])
+
+    def one(self) -> None:
+        api, stream = self.api, self.streams[1]
+        api.cudaGraphLaunch(self.one_graph, stream)
+        api.cudaStreamSynchronize(stream)
+
+    def check(self, expected: np.ndarray[Any, Any]) -> dict[str, bool]:
+        """Whether each direct form, run once more on a cleared output, computes `expected`."""
+        out = pinned(self.host_out, self.n)
+        correct = {}
+        for name, way in (("direct", self.three_graphs), ("direct_one_graph", self.one)):
+            out[:] = 0
+            way()
+            correct[name] = bool((out == expected).all())
+        return correct
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -24,21 +24,14 @@ and checks the final output of both.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 from collections import deque
 from typing import Any
 
 import numpy as np
-from cuda_common import MIX_CXX, Direct, configure, mix_replay, parser, run
+from cuda_common import Direct, DirectMix, configure, mix_replay, parser, pinned, run
 
 import hrx_async as hrx
-from hrx_async.backends import cuda
-
-
-def host_array(pointer: int, nbytes: int) -> np.ndarray[Any, Any]:
-    """A numpy view of `nbytes` of pinned host memory at `pointer`."""
-    return np.frombuffer(memoryview((ctypes.c_uint8 * nbytes).from_address(pointer)), np.uint8)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,27 +45,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         async with host_in.map_write() as memory:
             np.frombuffer(memory, np.uint8)[:] = pattern
 
-        cubin = cuda.compile_cxx(MIX_CXX, "mix", cuda.compile_options(rt.gpu().target, {}))
-        function = direct.load(cubin, "mix")
-        d_host_in, d_host_out = direct.host_alloc(n), direct.host_alloc(n)
-        d_in, d_out = direct.malloc(n), direct.malloc(n)
-        host_array(d_host_in, n)[:] = pattern
-        streams = [direct.stream() for _ in range(3)]
+        mix = DirectMix(direct, rt.gpu().target, n, pattern)
+        streams, execs = mix.streams, mix.execs
         # One ring of `window` events per stage: stage i of replay k records ring[i][k % window].
         rings = [[direct.event() for _ in range(window)] for _ in range(3)]
-        args_in = np.array([d_in], dtype=np.uint64)
-        args_out = np.array([d_out], dtype=np.uint64)
-        args_n = np.array([n], dtype=np.uint32)
-        execs = [
-            direct.capture(streams[0], lambda s: direct.memcpy(d_in, d_host_in, n, s)),
-            direct.capture(
-                streams[1],
-                lambda s: direct.launch(
-                    function, (n // 256, 1, 1), (256, 1, 1), s, [args_in, args_out, args_n]
-                ),
-            ),
-            direct.capture(streams[2], lambda s: direct.memcpy(d_host_out, d_out, n, s)),
-        ]
         settings = configure(rt, args)
         rt_api = direct.rt
         launch, record = rt_api.cudaGraphLaunch, rt_api.cudaEventRecord
@@ -123,7 +99,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # Clear both outputs so the checks below see what the measured replays wrote.
         async with host_out.map_write() as memory:
             np.frombuffer(memory, np.uint8)[:] = 0
-        host_array(d_host_out, n)[:] = 0
+        pinned(mix.host_out, n)[:] = 0
 
         before = rt.statistics()
         chunk = max(window, args.replays // args.chunks)
@@ -144,7 +120,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         after = rt.statistics()
         async with host_out.map_read() as memory:
             correct = bool((np.frombuffer(memory, np.uint8) == expected).all())
-        direct_correct = bool((host_array(d_host_out, n) == expected).all())
+        direct_correct = bool((pinned(mix.host_out, n) == expected).all())
     replays = chunk * args.chunks
     coordinated_rate = replays / coordinated_s
     direct_rate = replays / direct_s

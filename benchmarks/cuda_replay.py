@@ -14,10 +14,9 @@ import time
 from typing import Any
 
 import numpy as np
-from cuda_common import MIX_CXX, Direct, configure, mix_replay, parser, run
+from cuda_common import Direct, DirectMix, configure, mix_replay, parser, run
 
 import hrx_async as hrx
-from hrx_async.backends import cuda
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -26,39 +25,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         settings = configure(rt, args)
         prepared, host_in, host_out = mix_replay(rt, n, "replay")
+        pattern = (np.arange(n) % 251).astype(np.uint8)
         async with host_in.map_write() as memory:
-            np.frombuffer(memory, np.uint8)[:] = np.arange(n) % 251
-
-        cubin = cuda.compile_cxx(MIX_CXX, "mix", cuda.compile_options(rt.gpu().target, {}))
-        function = direct.load(cubin, "mix")
-        d_host_in, d_host_out = direct.host_alloc(n), direct.host_alloc(n)
-        d_in, d_out = direct.malloc(n), direct.malloc(n)
-        streams = [direct.stream() for _ in range(3)]
-        events = [direct.event() for _ in range(2)]
-        args_in = np.array([d_in], dtype=np.uint64)
-        args_out = np.array([d_out], dtype=np.uint64)
-        args_n = np.array([n], dtype=np.uint32)
-        execs = [
-            direct.capture(streams[0], lambda s: direct.memcpy(d_in, d_host_in, n, s)),
-            direct.capture(
-                streams[1],
-                lambda s: direct.launch(
-                    function, (n // 256, 1, 1), (256, 1, 1), s, [args_in, args_out, args_n]
-                ),
-            ),
-            direct.capture(streams[2], lambda s: direct.memcpy(d_host_out, d_out, n, s)),
-        ]
-        rt_api = direct.rt
-
-        def direct_replay() -> None:
-            rt_api.cudaGraphLaunch(execs[0], streams[0])
-            rt_api.cudaEventRecord(events[0], streams[0])
-            rt_api.cudaStreamWaitEvent(streams[1], events[0], 0)
-            rt_api.cudaGraphLaunch(execs[1], streams[1])
-            rt_api.cudaEventRecord(events[1], streams[1])
-            rt_api.cudaStreamWaitEvent(streams[2], events[1], 0)
-            rt_api.cudaGraphLaunch(execs[2], streams[2])
-            rt_api.cudaStreamSynchronize(streams[2])
+            np.frombuffer(memory, np.uint8)[:] = pattern
+        direct_replay = DirectMix(direct, rt.gpu().target, n, pattern).three_graphs
 
         for _ in range(200):
             await prepared.submit()
