@@ -17,7 +17,17 @@ if TYPE_CHECKING:
 
 ByteAccess = tuple[int, int, int, bool]
 """(buffer ident, start, end, writes)"""
-ReplayStep = tuple[RegionPlan, Any, object, "tuple[Lane, int]", tuple[ByteAccess, ...]]
+ReplayStep = tuple[
+    RegionPlan,
+    Any,
+    object,
+    "tuple[Lane, int]",
+    tuple[ByteAccess, ...],
+    "tuple[Buffer, ...]",
+    tuple[Interval, ...],
+    tuple[tuple[int, int, int], ...],
+]
+"""Per region, what admission needs (see `PreparedGraph.steps`)."""
 
 
 class PreparedGraph:
@@ -36,6 +46,7 @@ class PreparedGraph:
         "plan",
         "programs",
         "providers",
+        "queues",
         "region_inputs",
         "runtime",
         "steps",
@@ -55,19 +66,6 @@ class PreparedGraph:
         self.buffers = plan.buffers
         self.estimates = [0.0] * len(programs)
         """Smoothed observed duration of each region, seconds: how long to watch its queue."""
-        self.steps: tuple[ReplayStep, ...] = tuple(
-            (
-                region,
-                program,
-                provider,
-                region.queue_key,
-                tuple((i.buffer.ident, i.start, i.end, False) for i in region.reads)
-                + tuple((i.buffer.ident, i.start, i.end, True) for i in region.writes),
-            )
-            for region, program, provider in zip(plan.regions, programs, providers, strict=True)
-        )
-        """Per region, what admission needs, worked out once: its plan, program, provider,
-        queue key and byte-range accesses (reads first) as (buffer ident, start, end, writes)."""
         self.coherent_reads: tuple[tuple[tuple[int, int, int], ...], ...] = tuple(
             getattr(program, "coherent_reads", ()) for program in programs
         )
@@ -80,7 +78,26 @@ class PreparedGraph:
             _read_before_written([plan.nodes[i] for i in region.nodes]) for region in plan.regions
         )
         """Per region, the bytes it reads before writing them itself: poisoned, they refuse it."""
-        """Per region, the buffers it writes whole: running it clears their poison."""
+        self.steps: tuple[ReplayStep, ...] = tuple(
+            (
+                region,
+                program,
+                provider,
+                region.queue_key,
+                tuple((i.buffer.ident, i.start, i.end, False) for i in region.reads)
+                + tuple((i.buffer.ident, i.start, i.end, True) for i in region.writes),
+                self.clears[region.index],
+                self.region_inputs[region.index],
+                self.coherent_reads[region.index],
+            )
+            for region, program, provider in zip(plan.regions, programs, providers, strict=True)
+        )
+        """Per region, what admission needs, worked out once: its plan, program, provider,
+        queue key, byte-range accesses (reads first) as (buffer ident, start, end, writes),
+        the buffers it writes whole, the bytes it reads first and its program's coherent
+        reads."""
+        self.queues: list[Any] = [None] * len(programs)
+        """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
         self.input_reads = _read_before_written(plan.nodes)
         """The bytes the graph reads before writing them itself: poisoned, they refuse it."""
         self.inputs = tuple({i.buffer.ident: i.buffer for i in self.input_reads}.values())
@@ -118,11 +135,17 @@ class PreparedGraph:
         byte range; `after` adds explicit dependencies on other submissions.
         Beyond `max_submissions` in flight, the replay waits for admission in order.
         """
-        return self.runtime._scheduler_or_raise().submit(self, after, nowait=False)
+        scheduler = self.runtime._scheduler
+        if scheduler is None:
+            scheduler = self.runtime._scheduler_or_raise()
+        return scheduler.submit(self, after, False)
 
     def submit_nowait(self, after: Iterable[Completion] = ()) -> Completion:
         """Like `submit`, but raise `Busy` instead of queueing beyond `max_submissions`."""
-        return self.runtime._scheduler_or_raise().submit(self, after, nowait=True)
+        scheduler = self.runtime._scheduler
+        if scheduler is None:
+            scheduler = self.runtime._scheduler_or_raise()
+        return scheduler.submit(self, after, True)
 
     def __repr__(self) -> str:
         return f"<PreparedGraph {self.label!r} {len(self.nodes)} nodes {len(self.regions)} regions>"

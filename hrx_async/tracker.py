@@ -82,10 +82,10 @@ class AccessTracker(Generic[U]):
     that completed, and `drop_allocation` forgets a freed buffer.
     """
 
-    __slots__ = ("_allocs", "_index")
+    __slots__ = ("allocations", "_index")
 
     def __init__(self) -> None:
-        self._allocs: dict[Hashable, Allocation[U]] = {}
+        self.allocations: dict[Hashable, Allocation[U]] = {}
         # user -> (allocation, start, end) of each access it recorded since it was last
         # forgotten: every segment the user can still appear in overlaps one of them.
         self._index: dict[U, list[tuple[Allocation[U], int, int]]] = {}
@@ -94,18 +94,18 @@ class AccessTracker(Generic[U]):
 
     def __len__(self) -> int:
         """The number of allocations with at least one segment."""
-        return len(self._allocs)
+        return len(self.allocations)
 
     def untouched(self, allocation: Hashable) -> bool:
         """True when no access to `allocation` is registered: a new one would wait for nobody."""
-        return allocation not in self._allocs
+        return allocation not in self.allocations
 
     def segments(self, allocation: Hashable) -> list[tuple[int, int, U | None, frozenset[U]]]:
         """The ``(start, end, writer, readers)`` segments of `allocation`, sorted by start.
 
         Copies every reader set: meant for tests, debugging and assertions, not hot paths.
         """
-        alloc = self._allocs.get(allocation)
+        alloc = self.allocations.get(allocation)
         if alloc is None:
             return []
         return [
@@ -118,7 +118,7 @@ class AccessTracker(Generic[U]):
         Scans every segment: meant for tests, debugging and assertions, not hot paths.
         """
         found: set[U] = set()
-        for alloc in self._allocs.values():
+        for alloc in self.allocations.values():
             for _, w, r in alloc.rest:
                 if w is not None:
                     found.add(w)
@@ -133,7 +133,7 @@ class AccessTracker(Generic[U]):
         accesses gets itself back; `record` never returns the recording user.
         """
         check_range(start, end)
-        alloc = self._allocs.get(allocation)
+        alloc = self.allocations.get(allocation)
         deps: set[U] = set()
         if alloc is None:
             return deps
@@ -160,7 +160,7 @@ class AccessTracker(Generic[U]):
         """
         if start < 0 or end <= start:
             check_range(start, end)
-        alloc = self._allocs.get(allocation)
+        alloc = self.allocations.get(allocation)
         if alloc is None:
             return {None}
         starts = alloc.starts
@@ -191,7 +191,7 @@ class AccessTracker(Generic[U]):
         """
         if start < 0 or end <= start:
             check_range(start, end)
-        alloc = self._allocs.get(allocation)
+        alloc = self.allocations.get(allocation)
         if alloc is None:
             # Nothing pending on this allocation (the common case once earlier work is
             # forgotten): the access is the only segment and depends on nobody.
@@ -203,7 +203,7 @@ class AccessTracker(Generic[U]):
                 g.refs = 1
                 g.fp = hash(user)
                 alloc = Allocation(allocation, start, (end, None, (g,)))
-            self._allocs[allocation] = alloc
+            self.allocations[allocation] = alloc
             entry = (alloc, start, end)
             ranges = self._index.get(user)
             if ranges is None:
@@ -384,7 +384,7 @@ class AccessTracker(Generic[U]):
                     # The last entry: whatever is left is this user's own. Once earlier work
                     # is forgotten this is the common case.
                     alloc.pending = 0
-                    del self._allocs[alloc.key]
+                    del self.allocations[alloc.key]
                 continue  # or the allocation left the tracker already
             alloc.pending = pending - 1
             starts = alloc.starts
@@ -450,7 +450,7 @@ class AccessTracker(Generic[U]):
 
     def drop_allocation(self, allocation: Hashable) -> None:
         """Forget everything about a freed allocation. Unknown allocations are ignored."""
-        alloc = self._allocs.get(allocation)
+        alloc = self.allocations.get(allocation)
         if alloc is not None:
             self._remove(alloc)
 
@@ -510,7 +510,7 @@ class AccessTracker(Generic[U]):
     def _remove(self, alloc: Allocation[U]) -> None:
         # Index entries still naming it are skipped by `forget` (pending 0), rather than
         # searched for now among the entries of every user that touched it.
-        del self._allocs[alloc.key]
+        del self.allocations[alloc.key]
         alloc.pending = 0
         alloc.starts.clear()
         alloc.rest.clear()

@@ -75,11 +75,17 @@ class StreamQueue:
         self._pool = backend.events
         self.stream = stream
         self.fences = fences
+        # The loop's side of `StreamFences` (see `WatchedQueue`), bound once: they run
+        # once per loop iteration while the stream is watched.
+        self.watch = fences.watch
+        self.unwatch = fences.unwatch
+        self.sweep = fences.sweep
 
     def submit(self, program: Any, waits: Sequence[Fence], preflight: Preflight) -> Fence:
-        refusal = preflight()
-        if refusal is not None:
-            return finished_fence(refusal)
+        if preflight is not None:
+            refusal = preflight()
+            if refusal is not None:
+                return finished_fence(refusal)
         table = self._table
         stream = self.stream
         issued_at = time.perf_counter()
@@ -90,24 +96,17 @@ class StreamQueue:
                     if event is not None:
                         table.stream_wait_event(stream, event)
             program.launch(table, stream)
-            event = self._pool.take()
+            free = self._pool.free
+            event = free.pop() if free else self._pool.take()
             table.event_record(event, stream)
         except BackendError as exc:
             return finished_fence(exc)
-        fence = StreamFence(self.fences, event, issued_at)
-        self.fences.add(fence)
+        fences = self.fences
+        fence = StreamFence(fences, event, issued_at)
+        fences.pending.append(fence)
+        if not fences.watched:
+            fences.wake_waiter()
         return fence
-
-    # The loop's side of `StreamFences` (see `WatchedQueue`).
-
-    def watch(self) -> None:
-        self.fences.watch()
-
-    def unwatch(self) -> None:
-        self.fences.unwatch()
-
-    def sweep(self, limit: int) -> tuple[int, bool]:
-        return self.fences.sweep(limit)
 
     def close(self) -> None:
         """Streams are owned and destroyed by the backend."""

@@ -69,14 +69,17 @@ class LaneQueue(Protocol):
     """An in-order queue of one lane on one backend."""
 
     def submit(
-        self, program: Any, waits: Sequence[Fence], preflight: Callable[[], BaseException | None]
+        self,
+        program: Any,
+        waits: Sequence[Fence],
+        preflight: Callable[[], BaseException | None] | None,
     ) -> Fence:
         """Enqueue device-side waits on `waits` (fences of this backend), then `program`.
 
         Never blocks. `preflight()` is asked as late as the backend can (sim: on
         the worker, right before the program starts; native streams: now): None
         runs the program, a `Cancelled` skips it, another error fails its fence
-        without running it.
+        without running it. No `preflight` (None): nothing can refuse it.
         """
         ...
 

@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 from ..errors import Cancelled
 
-Preflight = Callable[[], BaseException | None]
-"""Asked right before an item runs: None runs it, `Cancelled` skips it, other errors fail it."""
+Preflight = Callable[[], BaseException | None] | None
+"""Asked right before an item runs: None runs it, `Cancelled` skips it, other errors fail it.
+No preflight at all: nothing can refuse the item (it was launched before it had a region)."""
 
 
 class Runnable(Protocol):
@@ -127,7 +128,7 @@ class WorkerQueue:
             program, waits, preflight, fence = item
             for dependency in waits:
                 dependency.wait()
-            refusal = preflight()
+            refusal = preflight() if preflight is not None else None
             if refusal is not None:
                 if isinstance(refusal, Cancelled):
                     fence.finish(skipped=True)

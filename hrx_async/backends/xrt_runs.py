@@ -302,7 +302,7 @@ class _Item:
         self,
         program: Launch,
         waits: tuple[Any, ...],
-        preflight: Callable[[], BaseException | None],
+        preflight: Callable[[], BaseException | None] | None,
         fence: ThreadFence,
     ) -> None:
         self.program = program
@@ -336,7 +336,7 @@ class XrtQueue:
         self,
         program: Launch,
         waits: Sequence[Any],
-        preflight: Callable[[], BaseException | None],
+        preflight: Callable[[], BaseException | None] | None,
     ) -> ThreadFence:
         fence = ThreadFence()
         item = _Item(program, tuple(waits), preflight, fence)
@@ -423,7 +423,7 @@ class XrtQueue:
                 if not dependency.query():
                     return finished
             backlog.popleft()
-            refusal = item.preflight()
+            refusal = item.preflight() if item.preflight is not None else None
             if refusal is not None:
                 finished.append((item.fence, refusal, isinstance(refusal, Cancelled)))
                 continue

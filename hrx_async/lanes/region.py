@@ -9,7 +9,7 @@ other loop-side state.
 from __future__ import annotations
 
 import contextvars
-import threading
+from threading import get_ident
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -178,8 +178,8 @@ class RegionRun:
             # Seen by later regions' checks on worker threads before the loop hears of it.
             submission.device_error = error
         scheduler = submission.scheduler
-        if threading.get_ident() == scheduler.loop_thread:
-            scheduler.fence_done(self)  # a sweep of a watched queue, on the loop
+        if get_ident() == scheduler.loop_thread:
+            scheduler.fence_done(self, error)  # a sweep of a watched queue, on the loop
         else:
             scheduler.notifier.post(scheduler.fence_done, self)
 

@@ -66,9 +66,8 @@ if TYPE_CHECKING:
     from ..prepared import PreparedGraph, ReplayStep
 
 
-def _nothing_to_refuse() -> BaseException | None:
-    """The preflight of a region launched before it had a submission: nothing can fail it."""
-    return None
+_UNREAD: BaseException = BaseException("the fence's error was not read yet")
+"""`fence_done`'s default: the caller did not read the fence's error."""
 
 
 class Scheduler:
@@ -141,7 +140,7 @@ class Scheduler:
             if buffer.poison is not None:
                 self._check_input_poison(prepared, buffer)
         runtime = prepared.runtime
-        if runtime._mapping_count:
+        if runtime._host_mappings.count:
             runtime._check_mapping_conflicts(prepared.plan)
         after_items: tuple[Completion, ...] = ()
         if after:
@@ -167,7 +166,7 @@ class Scheduler:
         if admit_now and not after_items:
             started = time.perf_counter()
             try:
-                early = self._launch_first(steps[0], prepared.estimates)
+                early = self._launch_first(prepared)
             except BaseException as exc:  # launched and failed: the region fails in _admit
                 early = exc
 
@@ -175,15 +174,20 @@ class Scheduler:
         record = self.tracker.record
         estimates = prepared.estimates
         runs = submission.runs
-        clears = prepared.clears
-        inputs = prepared.region_inputs
-        for region, program, provider, key, accesses in steps:
-            index = region.index
-            run = RegionRun(
-                submission, region, program, provider, estimates, key, clears[index], inputs[index]
-            )
-            if prepared.coherent_reads[index]:  # its syncs depend on who wrote its inputs last
-                run.program = run.program_for_writers(self.tracker, prepared.coherent_reads[index])
+        expect = self.poison_book.expect
+        launched = early is not None and not isinstance(early, BaseException)
+        for region, program, provider, key, accesses, clears, inputs, coherent in steps:
+            if launched:
+                # It runs already, so what it writes whole is no longer poisoned (nothing
+                # can have come between its launch and here).
+                launched = False
+                for buffer in clears:
+                    if buffer.poison is not None:
+                        self.poison_book.clear(buffer)
+                clears = ()
+            run = RegionRun(submission, region, program, provider, estimates, key, clears, inputs)
+            if coherent:  # its syncs depend on who wrote its inputs last
+                run.program = run.program_for_writers(self.tracker, coherent)
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
                 found = record(ident, start, end, writes, run)
@@ -194,8 +198,8 @@ class Scheduler:
                         deps |= found
             if deps:
                 run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
-            if run.clears:
-                self.poison_book.expect(run.clears)
+            if clears:
+                expect(clears)
             runs.append(run)
         submission.remaining = len(runs)
         self.counters.submissions += 1
@@ -221,7 +225,7 @@ class Scheduler:
         if found is not None:
             raise PoisonedError(found[0], found[1])
 
-    def _launch_first(self, step: ReplayStep, estimates: list[float]) -> Fence | None:
+    def _launch_first(self, prepared: PreparedGraph) -> Fence | None:
         """Launch a graph's first region before any bookkeeping, when nothing can come
         before it; `_admit` would issue it at once anyway.
 
@@ -230,18 +234,21 @@ class Scheduler:
         still uses any of its bytes. The bookkeeping that follows then overlaps the
         device's work instead of delaying it. None when the region does not qualify.
         """
-        region, program, provider, key, accesses = step
-        if getattr(provider, "poll_budget_us", 0.0) <= 0:
+        region, program, provider, key, accesses = prepared.steps[0][:5]
+        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
+        if budget_us <= 0:
             return None
         lane = self.lanes.get(key)
-        if lane is None or lane.items or lane.busy:
+        if lane is None or lane.items or lane.current is not None:
             return None
-        untouched = self.tracker.untouched
+        allocs = self.tracker.allocations
         for access in accesses:
-            if not untouched(access[0]):
+            if access[0] in allocs:
                 return None
-        expected = estimates[region.index]
-        return self.watch.submit(provider, key, program, (), _nothing_to_refuse, expected)
+        queue = prepared.queues[0]
+        if queue is None:
+            queue = prepared.queues[0] = provider.queue(key)  # type: ignore[attr-defined]
+        return self.watch.launch(queue, budget_us, program, (), None, prepared.estimates[0])
 
     def _refuse(self) -> None:
         if self.closed:
@@ -273,8 +280,7 @@ class Scheduler:
             if isinstance(first, BaseException):
                 self.finish(run, first)
             else:
-                run.run_clears()  # it runs: nothing came between its launch and here
-                self._attach(run, first)
+                self._attach(run, first)  # (its poison was cleared in `submit`)
             runs = runs[1:]
         for run in runs:
             key = run.key
@@ -451,12 +457,15 @@ class Scheduler:
 
     # -- completion ------------------------------------------------------------
 
-    def fence_done(self, run: RegionRun) -> None:
+    def fence_done(self, run: RegionRun, error: BaseException | None = _UNREAD) -> None:
+        """`run`'s fence finished (`error`: its failure, when the caller read it already)."""
         fence = run.fence
         assert fence is not None
         if fence.started_at is not None:
             run.started_at = fence.started_at
-        self.finish(run, fence.error(), fence.skipped(), fence.finished_at)
+        if error is _UNREAD:
+            error = fence.error()
+        self.finish(run, error, fence.skipped(), fence.finished_at)
 
     def finish(
         self,
@@ -482,15 +491,20 @@ class Scheduler:
                     dep.followers = [run]
                 else:
                     dep.followers.append(run)
-        for item in run.submission.after:
-            if not item.done():
-                blockers += 1
-                item._on_done(lambda: self._unblock(run))
+        after = run.submission.after
+        if after:
+            for item in after:
+                if not item.done():
+                    blockers += 1
+                    item._on_done(lambda: self._unblock(run))
         run.outcome = (error, skipped, finished_at)
         if blockers and self.lost is None:  # once the device is lost, nothing runs anyway
             run.blockers = blockers
             return
-        self._ready(run)
+        settling = self.settling
+        settling.append(run)
+        if len(settling) == 1:
+            self._settle_all()
 
     def _unblock(self, run: RegionRun) -> None:
         run.blockers -= 1
@@ -500,8 +514,12 @@ class Scheduler:
     def _ready(self, run: RegionRun) -> None:
         settling = self.settling
         settling.append(run)
-        if len(settling) > 1:
-            return  # an outer call is settling; it takes this one in turn
+        if len(settling) == 1:
+            self._settle_all()
+        # else an outer call is settling; it takes this one in turn
+
+    def _settle_all(self) -> None:
+        settling = self.settling
         while settling:
             try:
                 self._settle(settling[0])
@@ -517,7 +535,8 @@ class Scheduler:
         submission = run.submission
         plan = run.plan
         self.tracker.forget(run)
-        run.run_clears(ran=False)  # ended without running: it clears nothing any more
+        if run.clears:
+            run.run_clears(ran=False)  # ended without running: it clears nothing any more
         if error is not None:
             run.state = FAILED
             run.error = error
@@ -542,12 +561,16 @@ class Scheduler:
                 # Learn how long this region takes: an idle loop watches its next replay as long.
                 estimates, index = run.estimates, plan.index
                 estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
-            for lane, nbytes in plan.copies if plan.copy_bytes else ():
-                self.counters.copied(lane, nbytes)
+            if plan.copy_bytes:
+                for lane, nbytes in plan.copies:
+                    self.counters.copied(lane, nbytes)
         started = run.started_at
         if started is not None and run.state != SKIPPED:
-            submission.completion._mark_started(started)
-        if self.trace is not None and started is not None:
+            completion = submission.completion
+            if completion.started_at is None or started < completion.started_at:
+                completion.started_at = started
+        if self.trace is not None and started is not None and run.state != SKIPPED:
+            # A skipped region never ran: it has no place on the timeline.
             self.trace.record(
                 TraceEvent(
                     graph=submission.label,
@@ -560,7 +583,8 @@ class Scheduler:
                     device=plan.queue_key[1],
                 )
             )
-        self.wake_waiters(run)
+        if run.deps or run.issued_waiters or run.done_waiters or run.followers:
+            self.wake_waiters(run)
         submission.remaining -= 1
         if submission.remaining == 0:
             self._finish_submission(submission)

@@ -62,35 +62,50 @@ class QueueWatch:
         key: tuple[Lane, int],
         program: Any,
         waits: Sequence[Fence],
-        preflight: Callable[[], BaseException | None],
+        preflight: Callable[[], BaseException | None] | None,
         expected: float,
     ) -> Fence:
-        """Submit `program` to its queue, then start watching the queue if it is a stream
-        (for about `expected` seconds, the region's learned duration).
+        """Submit `program` to `provider`'s queue for `key` (see `launch`)."""
+        return self.launch(
+            provider.queue(key), getattr(provider, "poll_budget_us", 0.0), program, waits,
+            preflight, expected,
+        )
+
+    def launch(
+        self,
+        queue: Any,
+        budget_us: float,
+        program: Any,
+        waits: Sequence[Fence],
+        preflight: Callable[[], BaseException | None] | None,
+        expected: float,
+    ) -> Fence:
+        """Submit `program` to `queue`, then start watching the queue if it is a stream
+        (`budget_us` > 0) for about `expected` seconds, the region's learned duration.
 
         The launch comes first and the watch bookkeeping after it, which then overlaps
         the device's work instead of delaying it.
         """
-        queue: LaneQueue = provider.queue(key)
-        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
+        if budget_us <= 0:
+            return queue.submit(program, waits, preflight)  # type: ignore[no-any-return]
         watched = self.watched
-        newly_watched = budget_us > 0 and queue not in watched
+        newly_watched = queue not in watched
         if newly_watched:
-            queue.watch()  # type: ignore[attr-defined]  # so its waiter never starts on this fence
-        try:
+            queue.watch()  # so its waiter never starts on this fence
+            try:
+                fence: Fence = queue.submit(program, waits, preflight)
+            except BaseException:
+                queue.unwatch()
+                raise
+        else:
             fence = queue.submit(program, waits, preflight)
-        except BaseException:
-            if newly_watched:
-                queue.unwatch()  # type: ignore[attr-defined]
-            raise
-        if budget_us > 0:
-            # An idle loop keeps sweeping until the region is overdue (see sweep).
-            deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
-            if newly_watched:
-                watched[queue] = deadline
-                self.schedule_tick()
-            elif deadline > watched[queue]:
-                watched[queue] = deadline
+        # An idle loop keeps sweeping until the region is overdue (see sweep).
+        deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+        if newly_watched:
+            watched[queue] = deadline
+            self.schedule_tick()
+        elif deadline > watched[queue]:
+            watched[queue] = deadline
         return fence
 
     def sweep(self, new_pass: bool) -> None:
