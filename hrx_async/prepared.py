@@ -41,6 +41,7 @@ class PreparedGraph:
         "clears",
         "coherent_reads",
         "estimates",
+        "first_on_stream",
         "input_reads",
         "inputs",
         "plan",
@@ -96,6 +97,9 @@ class PreparedGraph:
         queue key, byte-range accesses (reads first) as (buffer ident, start, end, writes),
         the buffers it writes whole, the bytes it reads first and its program's coherent
         reads."""
+        self.first_on_stream = getattr(providers[0], "poll_budget_us", 0.0) > 0
+        """Its first region goes to a watched queue (a device stream): it may launch before
+        the bookkeeping of its submission (`Scheduler.submit`)."""
         self.queues: list[Any] = [None] * len(programs)
         """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
         self.input_reads = _read_before_written(plan.nodes)

@@ -267,5 +267,3 @@ def merge_around(alloc: Allocation[U], i: int) -> None:
         merge_after(alloc, i)
     if i > 0:
         merge_after(alloc, i - 1)
-
-

@@ -35,9 +35,10 @@ class Statistics:
     cache_maintenance_bytes: int = 0
     live_bytes: int = 0
     peak_bytes: int = 0
+    host_copied_bytes: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        """The 13 counters by name, in field order."""
+        """The 14 counters by name, in field order."""
         return {name: getattr(self, name) for name in FIELD_NAMES}
 
     def to_json(self) -> str:
@@ -77,6 +78,7 @@ class Counters:
     cache_maintenance_bytes: int
     live_bytes: int
     peak_bytes: int
+    host_copied_bytes: int
 
     def __init__(self) -> None:
         for name in FIELD_NAMES:
@@ -102,17 +104,25 @@ class Counters:
     def copied(self, lane: Lane, nbytes: int) -> None:
         """Count a copy of `nbytes` on `lane`.
 
-        UPLOAD copies count as uploaded, DOWNLOAD copies as downloaded, every other lane's
+        UPLOAD copies count as uploaded, DOWNLOAD copies as downloaded, HOST lane copies
+        (host memory to host memory, by a host region) as host copies, every other lane's
         copies as device copies; all of them count in `copied_bytes`.
         """
         _check_nbytes(nbytes)
-        self.copied_bytes += nbytes
-        if lane == Lane.UPLOAD:
-            self.uploaded_bytes += nbytes
-        elif lane == Lane.DOWNLOAD:
-            self.downloaded_bytes += nbytes
-        else:
-            self.device_copied_bytes += nbytes
+        self.count_copies(((lane, nbytes),))
+
+    def count_copies(self, copies: tuple[tuple[Lane, int], ...]) -> None:
+        """`copied` for each (lane, nbytes) of a region that ran, checked when it was planned."""
+        for lane, nbytes in copies:
+            self.copied_bytes += nbytes
+            if lane == Lane.UPLOAD:
+                self.uploaded_bytes += nbytes
+            elif lane == Lane.DOWNLOAD:
+                self.downloaded_bytes += nbytes
+            elif lane == Lane.HOST:
+                self.host_copied_bytes += nbytes
+            else:
+                self.device_copied_bytes += nbytes
 
     def snapshot(self) -> Statistics:
         """A frozen copy of the counters as they are now."""

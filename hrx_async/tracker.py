@@ -82,7 +82,7 @@ class AccessTracker(Generic[U]):
     that completed, and `drop_allocation` forgets a freed buffer.
     """
 
-    __slots__ = ("allocations", "_index")
+    __slots__ = ("_index", "allocations")
 
     def __init__(self) -> None:
         self.allocations: dict[Hashable, Allocation[U]] = {}
@@ -108,9 +108,7 @@ class AccessTracker(Generic[U]):
         alloc = self.allocations.get(allocation)
         if alloc is None:
             return []
-        return [
-            (s, e, w, frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)
-        ]
+        return [(s, e, w, frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)]
 
     def users(self) -> set[U]:
         """The users still referenced by some segment (as writer or reader).
@@ -456,9 +454,7 @@ class AccessTracker(Generic[U]):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _forget_segments(
-        self, alloc: Allocation[U], i: int, j: int, user: U, shared: bool
-    ) -> bool:
+    def _forget_segments(self, alloc: Allocation[U], i: int, j: int, user: U, shared: bool) -> bool:
         """`forget` for segments ``[i, j)`` of `alloc`; returns `shared` as updated.
 
         Right to left, so that deleting or merging a segment leaves the indices still to

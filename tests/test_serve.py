@@ -462,7 +462,7 @@ def test_prometheus_text_lists_every_counter() -> None:
     text = prometheus_text(stats, healthy=True)
     assert "# TYPE hrx_submissions_total counter\nhrx_submissions_total 5\n" in text
     assert "# TYPE hrx_live_bytes gauge\nhrx_live_bytes 128\n" in text
-    assert text.count("# TYPE") == 14 and text.endswith("hrx_healthy 1\n")
+    assert text.count("# TYPE") == 15 and text.endswith("hrx_healthy 1\n")
     assert "hrx_healthy" not in prometheus_text(stats)
 
 

@@ -23,6 +23,7 @@ EXPECTED_ORDER = [
     "cache_maintenance_bytes",
     "live_bytes",
     "peak_bytes",
+    "host_copied_bytes",
 ]
 
 
@@ -31,7 +32,7 @@ def distinct_statistics() -> Statistics:
     return Statistics(**{name: (index + 1) * 10 for index, name in enumerate(EXPECTED_ORDER)})
 
 
-def test_fields_are_the_13_counters_in_order() -> None:
+def test_fields_are_the_14_counters_in_order() -> None:
     assert [field.name for field in dataclasses.fields(Statistics)] == EXPECTED_ORDER
     assert list(FIELD_NAMES) == EXPECTED_ORDER
 
@@ -105,7 +106,7 @@ def test_bad_byte_counts_are_rejected(bad: object) -> None:
         (Lane.DOWNLOAD, "downloaded_bytes"),
         (Lane.COMPUTE, "device_copied_bytes"),
         (Lane.NPU, "device_copied_bytes"),
-        (Lane.HOST, "device_copied_bytes"),
+        (Lane.HOST, "host_copied_bytes"),
     ],
 )
 def test_copied_attributes_bytes_by_lane(lane: Lane, field: str) -> None:
@@ -115,7 +116,12 @@ def test_copied_attributes_bytes_by_lane(lane: Lane, field: str) -> None:
     stats = counters.snapshot().to_dict()
     assert stats["copied_bytes"] == 4097
     assert stats[field] == 4097
-    others = {"uploaded_bytes", "downloaded_bytes", "device_copied_bytes"} - {field}
+    others = {
+        "uploaded_bytes",
+        "downloaded_bytes",
+        "device_copied_bytes",
+        "host_copied_bytes",
+    } - {field}
     assert all(stats[name] == 0 for name in others)
 
 

@@ -9,8 +9,8 @@ other loop-side state.
 from __future__ import annotations
 
 import contextvars
-from threading import get_ident
 from collections.abc import Sequence
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -67,6 +67,7 @@ class RegionRun:
         "plan",
         "program",
         "provider",
+        "queues",
         "started_at",
         "state",
         "submission",
@@ -82,8 +83,11 @@ class RegionRun:
         key: tuple[Lane, int],
         clears: tuple[Buffer, ...] = (),
         inputs: Sequence[Interval] | None = None,
+        queues: list[Any] | None = None,
     ) -> None:
         self.submission = submission
+        self.queues = queues
+        """Its prepared graph's queue per region, filled in on first use (None: look it up)."""
         self.plan = plan
         self.program = program
         self.provider = provider
@@ -222,9 +226,13 @@ class RegionRun:
             return DependencyFailed(f"not run: an earlier region of {submission.label!r} failed")
         if submission.cancelled or submission.scheduler.leaving:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
-        found = submission.scheduler.poison_book.find(self.inputs) if poison else None
-        if found is not None:
-            return PoisonedError(found[0], found[1])
+        if poison:
+            for interval in self.inputs:
+                if interval.buffer.poison is not None:  # the book decides which bytes
+                    found = submission.scheduler.poison_book.find(self.inputs)
+                    if found is not None:
+                        return PoisonedError(found[0], found[1])
+                    break
         return None
 
     def preflight(self) -> BaseException | None:

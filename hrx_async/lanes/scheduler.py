@@ -63,9 +63,10 @@ from .watch import QueueWatch
 if TYPE_CHECKING:
     from ..backends.base import Fence
     from ..memory import Buffer
-    from ..prepared import PreparedGraph, ReplayStep
+    from ..prepared import PreparedGraph
 
 
+_NO_WAITS: tuple[Fence, ...] = ()
 _UNREAD: BaseException = BaseException("the fence's error was not read yet")
 """`fence_done`'s default: the caller did not read the fence's error."""
 
@@ -163,7 +164,7 @@ class Scheduler:
         early: Fence | BaseException | None = None
         started = 0.0
         steps = prepared.steps
-        if admit_now and not after_items:
+        if admit_now and not after_items and prepared.first_on_stream:
             started = time.perf_counter()
             try:
                 early = self._launch_first(prepared)
@@ -175,6 +176,7 @@ class Scheduler:
         estimates = prepared.estimates
         runs = submission.runs
         expect = self.poison_book.expect
+        queues = prepared.queues
         launched = early is not None and not isinstance(early, BaseException)
         for region, program, provider, key, accesses, clears, inputs, coherent in steps:
             if launched:
@@ -185,7 +187,9 @@ class Scheduler:
                     if buffer.poison is not None:
                         self.poison_book.clear(buffer)
                 clears = ()
-            run = RegionRun(submission, region, program, provider, estimates, key, clears, inputs)
+            run = RegionRun(
+                submission, region, program, provider, estimates, key, clears, inputs, queues
+            )
             if coherent:  # its syncs depend on who wrote its inputs last
                 run.program = run.program_for_writers(self.tracker, coherent)
             deps: set[object] | None = None
@@ -234,7 +238,7 @@ class Scheduler:
         still uses any of its bytes. The bookkeeping that follows then overlaps the
         device's work instead of delaying it. None when the region does not qualify.
         """
-        region, program, provider, key, accesses = prepared.steps[0][:5]
+        program, provider, key, accesses = prepared.steps[0][1:5]
         budget_us: float = getattr(provider, "poll_budget_us", 0.0)
         if budget_us <= 0:
             return None
@@ -285,7 +289,7 @@ class Scheduler:
         for run in runs:
             key = run.key
             lane = lanes.get(key) or self._start_lane(key)
-            if direct and not lane.items and not lane.busy:
+            if direct and not lane.items and lane.current is None:
                 waits = self._device_waits(run)
                 if waits is not None:
                     # Nothing queued ahead on this lane, and what it waits for the device
@@ -295,13 +299,15 @@ class Scheduler:
             lane.push(run)
 
     @staticmethod
-    def _device_waits(run: RegionRun, any_submission: bool = False) -> list[Fence] | None:
+    def _device_waits(run: RegionRun, any_submission: bool = False) -> Sequence[Fence] | None:
         """The fences `run` can wait for on the device, when that is all it waits for:
         every dependency finished, or is an earlier region of its own submission issued
         to the same backend. None when something needs a wait on the host, or on another
         submission (the lane task does that, and until then the region can be cancelled)."""
         if isinstance(run.program, AsyncHostProgram):
             return None
+        if not run.deps:
+            return _NO_WAITS
         waits: list[Fence] = []
         provider = run.provider
         for dep in run.deps:
@@ -396,7 +402,9 @@ class Scheduler:
                 continue
             lane = self.lanes[later.key]
             queued = lane.current is not later
-            if queued and (lane.busy or not lane.items or lane.items[0] is not later):
+            if queued and (
+                lane.current is not None or not lane.items or lane.items[0] is not later
+            ):
                 continue
             waits = self._device_waits(later, any_submission=True)
             if waits is None:
@@ -419,14 +427,23 @@ class Scheduler:
         """Hand `run` to its queue (device-side waits first) and follow its fence."""
         run.state = ISSUED
         run.started_at = time.perf_counter()
+        index = run.plan.index
+        provider = run.provider
         try:
-            fence = self.watch.submit(
-                run.provider,
-                run.key,
+            queues = run.queues
+            if queues is None:
+                queue = provider.queue(run.key)  # type: ignore[attr-defined]
+            else:
+                queue = queues[index]
+                if queue is None:
+                    queue = queues[index] = provider.queue(run.key)  # type: ignore[attr-defined]
+            fence = self.watch.launch(
+                queue,
+                getattr(provider, "poll_budget_us", 0.0),
                 run.program,
                 waits,
                 run.preflight,
-                run.estimates[run.plan.index],
+                run.estimates[index],
             )
         except BaseException as exc:
             self.finish(run, exc)
@@ -504,7 +521,11 @@ class Scheduler:
         settling = self.settling
         settling.append(run)
         if len(settling) == 1:
-            self._settle_all()
+            while settling:
+                try:
+                    self._settle(settling[0])
+                finally:
+                    settling.popleft()
 
     def _unblock(self, run: RegionRun) -> None:
         run.blockers -= 1
@@ -562,8 +583,7 @@ class Scheduler:
                 estimates, index = run.estimates, plan.index
                 estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
             if plan.copy_bytes:
-                for lane, nbytes in plan.copies:
-                    self.counters.copied(lane, nbytes)
+                self.counters.count_copies(plan.copies)
         started = run.started_at
         if started is not None and run.state != SKIPPED:
             completion = submission.completion

@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .lane import Lane
-
 if TYPE_CHECKING:
-    from ..backends.base import Fence, LaneQueue
+    from ..backends.base import Fence
 
 POLL_CAP_S = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
@@ -55,21 +53,6 @@ class QueueWatch:
         self.reschedule: Callable[[Any], None] | None = None
         """trio: `trio.lowlevel.reschedule`, set when the watcher starts."""
         self.closed = False
-
-    def submit(
-        self,
-        provider: Any,
-        key: tuple[Lane, int],
-        program: Any,
-        waits: Sequence[Fence],
-        preflight: Callable[[], BaseException | None] | None,
-        expected: float,
-    ) -> Fence:
-        """Submit `program` to `provider`'s queue for `key` (see `launch`)."""
-        return self.launch(
-            provider.queue(key), getattr(provider, "poll_budget_us", 0.0), program, waits,
-            preflight, expected,
-        )
 
     def launch(
         self,

@@ -26,6 +26,7 @@ METRIC_HELP: dict[str, str] = {
     "cache_maintenance_bytes": "Bytes flushed or invalidated for NPU cache coherence.",
     "live_bytes": "Bytes allocated now.",
     "peak_bytes": "Highest live_bytes seen.",
+    "host_copied_bytes": "Bytes copied host to host (copies recorded on the host lane).",
 }
 """What each `Statistics` field counts, by field name."""
 
