@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import anyio
-
 from .errors import Busy
 
 
@@ -54,6 +52,7 @@ class CompletionSource(Protocol):
 
 
 _trio_checkpoint: Callable[[], Awaitable[None]] | None = None
+_trio: Any = None
 
 
 def trio_checkpoint() -> Callable[[], Awaitable[None]]:
@@ -67,6 +66,33 @@ def trio_checkpoint() -> Callable[[], Awaitable[None]]:
     return _trio_checkpoint
 
 
+def trio_lowlevel() -> Any:
+    """`trio.lowlevel`, imported on first use. A trio task parks on its completion with
+    `wait_task_rescheduled` and is woken with `reschedule`: an `anyio.Event` per wait costs
+    several times more (backend lookup, two wrapper objects)."""
+    global _trio
+    if _trio is None:
+        import trio.lowlevel
+
+        _trio = trio.lowlevel
+    return _trio
+
+
+async def _park_trio_task(waiters: list[Any]) -> None:
+    """Park the current trio task in `waiters` until `Completion._resolve` reschedules it.
+    Cancelling the task only takes it out of `waiters` (awaiting never cancels work)."""
+    lowlevel = trio_lowlevel()
+    task = lowlevel.current_task()
+    waiters.append(task)
+
+    def abort(_: Any) -> Any:
+        if task in waiters:
+            waiters.remove(task)
+        return lowlevel.Abort.SUCCEEDED
+
+    await lowlevel.wait_task_rescheduled(abort)
+
+
 # Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
 _THREAD_WAITERS = threading.Lock()
@@ -78,10 +104,10 @@ class Completion:
     __slots__ = (
         "_callbacks",
         "_error",
-        "_event",
         "_futures",
         "_loop",
         "_source",
+        "_tasks",
         "_thread_event",
         "finished_at",
         "label",
@@ -107,7 +133,8 @@ class Completion:
         self._loop = loop
         self._futures: list[asyncio.Future[None]] | None = None
         self._error: BaseException | None = None
-        self._event: anyio.Event | None = None
+        self._tasks: list[Any] | None = None
+        """trio: the tasks parked on it (asyncio waits on `_futures`)."""
         self._thread_event: threading.Event | None = None
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
@@ -123,8 +150,12 @@ class Completion:
         with _THREAD_WAITERS:
             self.finished_at = time.perf_counter()
             thread_event = self._thread_event
-        if self._event is not None:
-            self._event.set()
+        tasks = self._tasks
+        if tasks is not None:
+            self._tasks = None
+            reschedule = trio_lowlevel().reschedule
+            for task in tasks:
+                reschedule(task)
         futures = self._futures
         if futures is not None:
             self._futures = None
@@ -221,9 +252,9 @@ class Completion:
                 self._futures.append(future)
             await future
         else:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
+            if self._tasks is None:
+                self._tasks = []
+            await _park_trio_task(self._tasks)
 
     def __await__(self) -> Generator[Any, None, None]:
         yield from self.wait_done().__await__()

@@ -446,6 +446,11 @@ class StreamBackend:
         info.update(self.table.describe(self.device))
         info["fence_wait"] = "blocking" if self.blocking_sync else "spin"
         info["poll_budget_us"] = self.poll_budget_us
+        fences = list(self._fences.values())
+        # Which party finished the fences so far: the loop's sweeps, or the waiter threads
+        # (after a stream was handed back); a latency-bound service wants the first.
+        info["fences_finished_by_loop"] = sum(f.by_loop for f in fences)
+        info["fences_finished_by_waiter"] = sum(f.by_waiter for f in fences)
         return info
 
     def close(self) -> None:

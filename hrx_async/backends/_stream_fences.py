@@ -171,6 +171,10 @@ class StreamFences:
         self._waiting_on: StreamFence | None = None
         self._parked = False
         """The waiter's fence was finished meanwhile: the waiter gives back its event."""
+        self.by_loop = 0
+        """Fences the event loop's sweeps finished (a short wait, no thread hop)."""
+        self.by_waiter = 0
+        """Fences the waiter thread finished (the loop had handed the stream back)."""
         self._waiter = FenceWaiter(self, device, name)
 
     def add(self, fence: StreamFence) -> None:
@@ -236,6 +240,7 @@ class StreamFences:
                     free.append(fence._event)
                 if callbacks:
                     finished.append((fence, callbacks))
+        self.by_loop += len(finished)
         for fence, callbacks in finished:
             for callback in callbacks:  # type: ignore[union-attr]  # only lists are kept
                 callback(fence)
@@ -293,6 +298,7 @@ class StreamFences:
             if self.watched:
                 return None
             finished = self._collect(None, None)
+            self.by_waiter += len(finished)
             head = self.pending[0] if self.pending else None
             self._waiting_on = head
         _run_callbacks(finished)
@@ -306,6 +312,7 @@ class StreamFences:
                 self._parked = False
                 self.pool.give(head._event)
             finished = self._collect(head, error)
+            self.by_waiter += len(finished)
         _run_callbacks(finished)
 
     def close(self) -> None:
