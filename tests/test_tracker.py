@@ -36,7 +36,7 @@ def check_groups(tracker: AccessTracker[int]) -> None:
     """The reader groups behind the segments: counted, fingerprinted, disjoint, non-empty."""
     refs: dict[int, int] = {}
     groups = {}
-    for alloc in tracker._allocs.values():
+    for alloc in tracker.allocations.values():
         assert alloc.starts, "an allocation without segments is kept"
         for _, _, readers in alloc.rest:
             seen: set[int] = set()
@@ -422,12 +422,12 @@ def test_readers_join_one_group_in_place() -> None:
     t: AccessTracker[int] = AccessTracker()
     for u in range(1000):
         assert t.record("a", 0, 16, False, u) == set()
-    ((_, _, readers),) = t._allocs["a"].rest
+    ((_, _, readers),) = t.allocations["a"].rest
     assert len(readers) == 1 and len(readers[0].members) == 1000
     group = readers[0]
     t.record("a", 0, 16, False, 1000)
     t.forget(3)
-    ((_, _, readers),) = t._allocs["a"].rest
+    ((_, _, readers),) = t.allocations["a"].rest
     assert readers[0] is group  # the same group, changed in place
     assert 1000 in group.members and 3 not in group.members
     # A write ends the readers: it waits for all of them, once.
@@ -440,7 +440,7 @@ def test_split_shares_readers_and_merges_back() -> None:
     for u in range(100):
         t.record("a", 0, 64, False, u)
     t.record("a", 0, 32, False, 100)  # splits the segment: the halves share the 100 readers
-    (_, _, left), (_, _, right) = t._allocs["a"].rest
+    (_, _, left), (_, _, right) = t.allocations["a"].rest
     assert left[0] is right[0] and len(left[0].members) == 100
     assert t.segments("a") == [
         (0, 32, None, frozenset(range(101))),
