@@ -35,7 +35,7 @@ graph. Of the two forms of one graph, the batch (about 270-310 here) is the one
 headline and the window is reported next to it.
 
 Figures on the sim backend with Python 3.11, asyncio: 116 / 243-252 / 270-310 (the
-quoted ones are 115 / 243 / 308); trio: 187 / 314-340 / 365-390. The 1-node count is
+quoted ones are 115 / 243 / 308); trio: 187 / 313-347 / 355-390. The 1-node count is
 exactly repeatable. The 3-region ones are not: whether a replay's work is already
 done when the loop looks decides how many polls and wake-ups it takes, and that
 depends on when the worker threads get the GIL, so they move between runs (most
@@ -95,8 +95,8 @@ def _where(key: tuple[str, int, str]) -> str:
     parts = filename.replace(os.sep, "/").split("/")
     if "hrx_async" in parts:
         short = "/".join(parts[len(parts) - parts[::-1].index("hrx_async") - 1 :])
-    else:
-        short = parts[-1]
+    else:  # the package as well as the file: several packages have an __init__.py
+        short = "/".join(parts[-2:])
     return f"{short}:{line}({name})"
 
 
