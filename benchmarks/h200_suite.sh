@@ -8,7 +8,7 @@
 # ${OUT:-.}/h200_suite.jsonl. A benchmark that fails, times out or prints no JSON line
 # adds {"benchmark": ..., "loop": ..., "error": ...} instead, and the suite goes on.
 # Standard error of every run goes to ${OUT:-.}/h200_suite.log as well as to the terminal.
-# About 3-4 minutes on an H200 with 16 cores. PYTHON (default python3) and
+# About 4-5 minutes on an H200 with 16 cores. PYTHON (default python3) and
 # SUITE_TIMEOUT_S (per benchmark, default 90) may be set.
 
 set -o pipefail
@@ -82,6 +82,7 @@ emit "$(json_line benchmark=suite started="$(date -u +%FT%TZ)" \
     cpus="$(nproc)")"
 
 for loop in asyncio uvloop trio; do
+    run_one cuda_floor "$loop" benchmarks/cuda_floor.py --pairs 2000
     run_one cuda_latency "$loop" benchmarks/cuda_latency.py --pairs 2000
     run_one cuda_overhead "$loop" benchmarks/cuda_overhead.py
     run_one cuda_replay "$loop" benchmarks/cuda_replay.py --replays 4000

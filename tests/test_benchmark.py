@@ -1,7 +1,11 @@
 """The benchmark harness: percentiles, distributions, paired runs, loop lag and stage timing."""
 
+import json
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -219,3 +223,20 @@ async def test_stage_timer_skips_failed_stage_and_rejects_bad_names() -> None:
     with pytest.raises(ContractError, match="non-empty"):
         async with timer.stage(""):
             pass
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_sim_calls_reports_calls_per_replay_of_each_scenario(loop: str) -> None:
+    command = [sys.executable, str(BENCHMARKS / "sim_calls.py"), "--loop", loop, "--json"]
+    command += ["--replays", "16", "--warmup", "8", "--repeat", "1", "--top", "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["loop"] == loop
+    for scenario in ("one_node", "three_region", "three_region_8_in_flight"):
+        assert isinstance(report[scenario], float)
+        assert report[scenario] > 0
+        assert len(report["detail"][scenario]["top"]) == 3
