@@ -298,6 +298,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         one = await latency(rt, direct, args)
         many = await throughput(rt, direct, args) if args.tasks else None
         stats = rt.statistics()
+        info = rt._backend_or_raise().describe()
     return {
         **settings,
         "benchmark": "cuda_floor",
@@ -308,6 +309,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "latency": one,
         "throughput": many,
         "completions": stats.completions,
+        # Who finished the runtime's fences: its loop-side polls, or waiter threads.
+        "fences_finished_by_loop": info.get("fences_finished_by_loop"),
+        "fences_finished_by_waiter": info.get("fences_finished_by_waiter"),
     }
 
 
