@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import hrx_async as hrx
@@ -72,3 +73,47 @@ async def test_a_close_that_fails_part_way_still_closes(monkeypatch: pytest.Monk
     assert buffer.freed and rt.statistics().live_bytes == 0
     # The host lane's worker closed too, though closing the backend raised.
     assert not [t for t in threading.enumerate() if t.name.startswith("hrx-")]
+
+
+def _record(
+    kind: str, rt: hrx.Runtime, graph: hrx.Graph, device: hrx.Buffer, host: hrx.Buffer
+) -> None:
+    if kind == "copy":
+        graph.fill(device.view(), 1)
+        graph.copy(host.view(), device.view())
+    elif kind == "host":
+        graph.copy(device.view(), host.view())
+        graph.host(lambda array: None, [(host.view(), hrx.Access.WRITE)])
+    elif kind == "failing kernel":
+
+        def explode(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
+            raise ValueError("kernel exploded")
+
+        contract = hrx.KernelContract([hrx.Binding(64, hrx.Access.WRITE)])
+        source = hrx.KernelSource(host=explode)
+        graph.gpu(rt.load_gpu_kernel(source, "explode", (1,), (1,), contract), [device.view()])
+        graph.copy(host.view(), device.view())
+
+
+@pytest.mark.parametrize("kind", ["copy", "host", "failing kernel"])
+async def test_buffers_go_once_the_last_handle_is_gone(
+    hrx_backend: str, anyio_backend: str, kind: str
+) -> None:
+    if kind == "failing kernel" and hrx_backend != "sim":
+        pytest.skip("host kernels run on the sim backend only")
+    async with hrx.Runtime(backend=hrx_backend, memory_budget=1 << 20) as rt:
+        budget = rt.memory_budget
+        assert budget is not None
+        device = rt.allocate(64, hrx.GPU_LOCAL)
+        host = rt.allocate(64, hrx.HOST_VISIBLE)
+        graph = rt.graph(kind)
+        _record(kind, rt, graph, device, host)
+        completion = graph.prepare().submit()
+        try:
+            await completion
+        except hrx.ExecutionError:
+            assert kind == "failing kernel"
+        del graph, device, host, completion
+        gc.collect()
+        assert rt.statistics().live_bytes == 0
+        assert budget.reserved_bytes == 0

@@ -124,20 +124,29 @@ class WorkerQueue:
             item = self._items.get()
             if item is _STOP:
                 return
-            program, waits, preflight, fence = item
-            for dependency in waits:
-                dependency.wait()
-            refusal = preflight()
-            if refusal is not None:
-                if isinstance(refusal, Cancelled):
-                    fence.finish(skipped=True)
-                else:
-                    fence.finish(refusal)
-                continue
-            fence.started_at = time.perf_counter()
-            try:
-                program.run()
-            except BaseException as exc:
-                fence.finish(exc)
-            else:
-                fence.finish()
+            _run_item(*item)
+            # The item reaches the region's program and views, so its buffers: held
+            # across the wait for the next item, they would outlive the user's handles.
+            del item
+
+
+def _run_item(
+    program: Runnable, waits: Sequence[Any], preflight: Preflight, fence: ThreadFence
+) -> None:
+    """Run one queued item; a function so that nothing of it stays in the worker's frame."""
+    for dependency in waits:
+        dependency.wait()
+    refusal = preflight()
+    if refusal is not None:
+        if isinstance(refusal, Cancelled):
+            fence.finish(skipped=True)
+        else:
+            fence.finish(refusal)
+        return
+    fence.started_at = time.perf_counter()
+    try:
+        program.run()
+    except BaseException as exc:
+        fence.finish(exc)
+    else:
+        fence.finish()
