@@ -98,6 +98,17 @@ class ThreadFence:
 
 
 _STOP = object()
+_this_worker = threading.local()
+
+
+def worker_origin() -> threading.Thread | None:
+    """On a worker queue's thread, the thread that made the queue; None on other threads.
+
+    Code that runs on behalf of whoever made the worker (host functions, sim kernels) must
+    not block on it: a blocking facade asks this to refuse where it would deadlock.
+    """
+    origin: threading.Thread | None = getattr(_this_worker, "origin", None)
+    return origin
 
 
 class WorkerQueue:
@@ -106,6 +117,7 @@ class WorkerQueue:
     def __init__(self, name: str) -> None:
         self.name = name
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._origin = threading.current_thread()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -120,6 +132,7 @@ class WorkerQueue:
             self._thread.join(timeout=10)
 
     def _work(self) -> None:
+        _this_worker.origin = self._origin
         while True:
             item = self._items.get()
             if item is _STOP:
