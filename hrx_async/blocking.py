@@ -19,7 +19,9 @@ completion's `wait`, `read`, `write`, the mappings, `drain`, `call_async`,
 the loop, and in the runtime's worker threads (host functions, sim kernels),
 where they could wait for the very region that runs them; the rest run directly
 on the loop thread. Graph recording is pure and runs in the calling thread;
-preparing, submitting, mapping and counting hop to the loop thread.
+preparing, submitting, mapping and counting hop to the loop thread. A mapping
+that conflicts with one another thread holds through this facade waits for it
+to end, as an `async with` mapping never sees another task's brief one.
 `close()` (or leaving the `with` block) drains pending work and stops the
 thread; runtimes still open at interpreter exit are closed the same way, and
 afterwards every call raises `RuntimeClosed`.
@@ -46,8 +48,8 @@ from anyio.from_thread import BlockingPortal
 from .backends.worker import worker_origin
 from .completion import Completion
 from .contract import KernelContract
-from .errors import ContractError, RuntimeClosed
-from .graph import Graph, GraphPlan
+from .errors import Busy, ContractError, RuntimeClosed
+from .graph import Graph, GraphPlan, tracked_range
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .memory import Buffer, Placement, View
 from .prepared import PreparedGraph
@@ -147,6 +149,10 @@ class BlockingRuntime:
         self._hops = 0
         self._closing = False
         self._closed = False
+        self._mapped: list[_Held] = []
+        """Mappings threads hold through this facade; conflicting ones wait (self._state)."""
+        self._waiting: dict[threading.Thread, list[_Held]] = {}
+        """Per waiting thread, the mappings it waits for: a wait that closes a cycle is Busy."""
         ready: Future[None] = Future()
         # Compared by identity: a later thread may reuse a dead one's ident, never its object.
         self._thread = _LoopThread(self, ready)
@@ -308,11 +314,12 @@ class BlockingRuntime:
     # -- host memory -------------------------------------------------------------------
 
     def map_read(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
-        """`with brt.map_read(view) as mem:` waits for conflicting work, maps read-only."""
+        """`with brt.map_read(view) as mem:` waits for conflicting work (and for conflicting
+        mappings other threads hold through this facade), then maps read-only."""
         return self._map(view, write=False)
 
     def map_write(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
-        """`with brt.map_write(view) as mem:` waits for conflicting work, maps writable."""
+        """`with brt.map_write(view) as mem:` waits like `map_read`, then maps writable."""
         return self._map(view, write=True)
 
     @contextmanager
@@ -322,12 +329,58 @@ class BlockingRuntime:
         target = view.view() if isinstance(view, Buffer) else view
         if not isinstance(target, View):
             raise ContractError(f"map_read()/map_write() take a View or Buffer, got {view!r}")
-        # The hop lasts as long as the mapping, so close() waits for its release.
-        with (
-            self._hop() as portal,
-            portal.wrap_async_context_manager(_mapping(target, write)) as memory,
-        ):
-            yield memory
+        held = _Held(target, write)
+        self._reserve(held)
+        try:
+            # The hop lasts as long as the mapping, so close() waits for its release.
+            with (
+                self._hop() as portal,
+                portal.wrap_async_context_manager(_mapping(target, write)) as memory,
+            ):
+                yield memory
+        finally:
+            with self._state:
+                self._mapped.remove(held)
+                self._state.notify_all()
+
+    def _reserve(self, held: _Held) -> None:
+        """Book `held`, first waiting for conflicting mappings of other threads to end.
+
+        A thread's mapping spans several hops, so other threads see it while an `async
+        with` mapping without awaits is never seen by another task; waiting keeps the
+        facade as free of `Busy` as its async counterpart. A conflict with the caller's
+        own mapping, or a wait that would close a cycle of waiting threads, is `Busy`.
+        """
+        with self._state:
+            while True:
+                self._check_open()
+                blockers = [other for other in self._mapped if held.conflicts(other)]
+                if not blockers:
+                    break
+                if self._waits_on(blockers, held.thread):
+                    raise Busy(
+                        f"{held.label} conflicts with a mapping held by a thread that "
+                        "waits for one of this thread's"
+                    )
+                self._waiting[held.thread] = blockers
+                try:
+                    self._state.wait()
+                finally:
+                    del self._waiting[held.thread]
+            self._mapped.append(held)
+
+    def _waits_on(self, blockers: list[_Held], thread: threading.Thread) -> bool:
+        """Whether a holder of `blockers` waits, directly or not, for a mapping of `thread`."""
+        seen: set[threading.Thread] = set()
+        pending = [other.thread for other in blockers]
+        while pending:
+            holder = pending.pop()
+            if holder is thread:
+                return True
+            if holder not in seen:
+                seen.add(holder)
+                pending.extend(other.thread for other in self._waiting.get(holder, ()))
+        return False
 
     def read(self, view: View | Buffer) -> bytes:
         """A copy of the bytes of `view`, after conflicting work has finished."""
@@ -413,6 +466,29 @@ class _LoopThread(threading.Thread):
         if not isinstance(thread, _LoopThread):
             thread = worker_origin()
         return thread if isinstance(thread, _LoopThread) else None
+
+
+class _Held:
+    """A mapping a thread holds (or is about to) through the facade."""
+
+    __slots__ = ("end", "ident", "label", "start", "thread", "write")
+
+    def __init__(self, view: View, write: bool) -> None:
+        self.thread = threading.current_thread()
+        self.ident = view.buffer.ident
+        self.label = view.buffer.label
+        self.start, self.end = tracked_range(view)
+        self.write = write
+
+    def conflicts(self, other: _Held) -> bool:
+        """Another thread's mapping of overlapping bytes, one of the two writing."""
+        return (
+            other.thread is not self.thread
+            and other.ident == self.ident
+            and (self.write or other.write)
+            and other.start < self.end
+            and self.start < other.end
+        )
 
 
 def _blocking_completion(completion: Completion) -> Completion:

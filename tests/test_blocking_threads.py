@@ -1,9 +1,10 @@
-"""BlockingRuntime where threads meet: calls that would deadlock refuse at once and a closed
-facade refuses everything."""
+"""BlockingRuntime where threads meet: calls that would deadlock refuse at once, a closed
+facade refuses everything, and conflicting mappings of threads wait for each other."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -192,3 +193,74 @@ def test_a_closed_facade_refuses_every_call(loop: str) -> None:
     else:
         pytest.skip("no new thread reused the loop thread's ident here")
     assert outcomes == dict.fromkeys(calls, "closed")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_mapping_waits_for_another_threads_conflicting_mapping(loop: str) -> None:
+    with BlockingRuntime(backend="sim", async_backend=loop) as brt:
+        host = brt.allocate(64, hrx.HOST_VISIBLE)
+        mapped, release = threading.Event(), threading.Event()
+        outcome: list[object] = []
+
+        def reader() -> None:
+            with brt.map_read(host.view(0, 32)) as memory:
+                mapped.set()
+                release.wait(SETTLE_S)
+                outcome.append(bytes(memory))
+
+        def writer() -> None:
+            try:
+                brt.write(host, bytes([5]) * 64)
+                outcome.append("written")
+            except hrx.HrxError as exc:
+                outcome.append(exc)
+
+        holding = threading.Thread(target=reader)
+        holding.start()
+        assert mapped.wait(SETTLE_S)
+        waiting = threading.Thread(target=writer)
+        waiting.start()
+        _until(lambda: waiting in brt._waiting or not waiting.is_alive())
+        assert outcome == []  # the writer neither wrote nor gave up
+        release.set()
+        holding.join(SETTLE_S)
+        waiting.join(SETTLE_S)
+        assert outcome == [bytes(32), "written"]
+        assert brt.read(host) == bytes([5]) * 64
+        # Within one thread a conflict still is Busy at once: waiting would never end.
+        with brt.map_read(host), pytest.raises(hrx.Busy):
+            brt.write(host, bytes(64))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_threads_waiting_for_each_others_mappings_get_busy(loop: str) -> None:
+    with BlockingRuntime(backend="sim", async_backend=loop) as brt:
+        x = brt.allocate(64, hrx.HOST_VISIBLE, "x")
+        y = brt.allocate(64, hrx.HOST_VISIBLE, "y")
+        holds_x, done = threading.Event(), threading.Event()
+        outcome: list[object] = []
+
+        def first() -> None:
+            with brt.map_write(x):
+                holds_x.set()
+                outcome.append(brt.read(y))  # waits for the main thread's mapping of y
+            done.set()
+
+        with brt.map_write(y):
+            thread = threading.Thread(target=first)
+            thread.start()
+            assert holds_x.wait(SETTLE_S)
+            _until(lambda: thread in brt._waiting)
+            with pytest.raises(hrx.Busy, match="waits for one of this thread's"):
+                brt.read(x)
+        assert done.wait(SETTLE_S)
+        thread.join(SETTLE_S)
+        assert outcome == [bytes(64)]
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Poll a condition another thread makes true (bounded, so a bug fails, never hangs)."""
+    deadline = time.monotonic() + SETTLE_S
+    while not condition():
+        assert time.monotonic() < deadline, "the other thread never got there"
+        time.sleep(0.001)
