@@ -13,12 +13,18 @@ Scripts, notebooks, sync web endpoints and worker threads cannot `await`. A
         c = step.submit(); c.wait() # or keep the Completion and wait later
         out = brt.read(host.view())
 
-Every method may be called from any thread except the loop's own, where the
-blocking ones refuse (they would stall the loop) and the rest run directly.
-Graph recording is pure and runs in the calling thread; preparing, submitting,
-mapping and counting hop to the loop thread. `close()` (or leaving the `with`
-block) drains pending work and stops the thread; runtimes still open at
-interpreter exit are closed the same way.
+Every method may be called from any thread. The blocking ones (`run`, a
+completion's `wait`, `read`, `write`, the mappings, `drain`, `call_async`,
+`close`) raise `ContractError` on the loop's own thread, where they would stall
+the loop, and in the runtime's worker threads (host functions, sim kernels),
+where they could wait for the very region that runs them; the rest run directly
+on the loop thread. Graph recording is pure and runs in the calling thread;
+preparing, submitting, mapping and counting hop to the loop thread. A mapping
+that conflicts with one another thread holds through this facade waits for it
+to end, as an `async with` mapping never sees another task's brief one.
+`close()` (or leaving the `with` block) drains pending work and stops the
+thread; runtimes still open at interpreter exit are closed the same way, and
+afterwards every call raises `RuntimeClosed`.
 
 Loop-side code (tasks started with `brt.portal.start_task_soon`) uses
 `brt.runtime` directly, and its submissions interleave with the threads' in
@@ -39,10 +45,11 @@ from typing import Any, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from .backends.worker import worker_origin
 from .completion import Completion
 from .contract import KernelContract
-from .errors import ContractError, RuntimeClosed
-from .graph import Graph, GraphPlan
+from .errors import Busy, ContractError, RuntimeClosed
+from .graph import Graph, GraphPlan, tracked_range
 from .kernels import GpuKernel, KernelSource, NpuKernel
 from .memory import Buffer, Placement, View
 from .prepared import PreparedGraph
@@ -53,6 +60,19 @@ from .trace import ExecutionTrace
 R = TypeVar("R")
 
 _ASYNC_BACKENDS = ("asyncio", "trio")
+
+
+class BlockingCompletion(Completion):
+    """A completion of a `BlockingRuntime`'s submission: `wait()` refuses where it could
+    never return (on the loop that resolves it, or in a host function of its runtime)."""
+
+    __slots__ = ()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        thread = _LoopThread.behind_current()
+        if thread is not None and thread.scheduler is self.owner:
+            thread.blocking._refuse_blocking("wait()", "await the completion")
+        return super().wait(timeout)
 
 
 class BlockingPreparedGraph(PreparedGraph):
@@ -69,14 +89,15 @@ class BlockingPreparedGraph(PreparedGraph):
 
         Wait for it with `completion.wait(timeout)` from a thread, or `await` it on the loop.
         """
-        return self.blocking.call(PreparedGraph.submit, self, tuple(after))
+        return _blocking_completion(self.blocking.call(PreparedGraph.submit, self, tuple(after)))
 
     def submit_nowait(self, after: Iterable[Completion] = ()) -> Completion:
-        return self.blocking.call(PreparedGraph.submit_nowait, self, tuple(after))
+        completion = self.blocking.call(PreparedGraph.submit_nowait, self, tuple(after))
+        return _blocking_completion(completion)
 
     def run(self, after: Iterable[Completion] = ()) -> None:
         """Submit, block this thread until the replay finishes, and raise its error if it failed."""
-        self.blocking._refuse_on_loop("run()", "await prepared.submit()")
+        self.blocking._refuse_blocking("run()", "await prepared.submit()")
         completion = self.submit(after)
         completion.wait()
         completion.result()
@@ -122,17 +143,19 @@ class BlockingRuntime:
         self.async_backend = async_backend
         self._portal: BlockingPortal | None = None
         self._stop: anyio.Event | None = None
-        self._loop_ident: int | None = None
         self._error: BaseException | None = None
         # In-flight hops to the loop; close() lets them finish before the loop stops.
         self._state = threading.Condition()
         self._hops = 0
         self._closing = False
         self._closed = False
+        self._mapped: list[_Held] = []
+        """Mappings threads hold through this facade; conflicting ones wait (self._state)."""
+        self._waiting: dict[threading.Thread, list[_Held]] = {}
+        """Per waiting thread, the mappings it waits for: a wait that closes a cycle is Busy."""
         ready: Future[None] = Future()
-        self._thread = threading.Thread(
-            target=self._thread_main, args=(ready,), name="hrx-blocking-loop", daemon=True
-        )
+        # Compared by identity: a later thread may reuse a dead one's ident, never its object.
+        self._thread = _LoopThread(self, ready)
         self._thread.start()
         try:
             ready.result()
@@ -158,7 +181,7 @@ class BlockingRuntime:
         async with BlockingPortal() as portal, self.runtime:
             self._portal = portal
             self._stop = anyio.Event()
-            self._loop_ident = threading.get_ident()
+            self._thread.scheduler = self.runtime._scheduler
             ready.set_result(None)
             await self._stop.wait()
 
@@ -176,13 +199,12 @@ class BlockingRuntime:
         return self._closed
 
     def on_loop_thread(self) -> bool:
-        return threading.get_ident() == self._loop_ident
+        return threading.current_thread() is self._thread
 
     @contextmanager
     def _hop(self) -> Iterator[BlockingPortal]:
         with self._state:
-            if self._closing:
-                raise RuntimeClosed("this BlockingRuntime is closed; create a new one")
+            self._check_open()
             self._hops += 1
         try:
             assert self._portal is not None
@@ -204,13 +226,25 @@ class BlockingRuntime:
 
     def call_async(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
         """Run `await fn(*args)` on the loop thread, blocking this thread until it returns."""
-        self._refuse_on_loop("call_async()", "await the coroutine")
+        self._refuse_blocking("call_async()", "await the coroutine")
         with self._hop() as portal:
             return portal.call(fn, *args)
 
-    def _refuse_on_loop(self, what: str, instead: str) -> None:
-        if self.on_loop_thread():
+    def _refuse_blocking(self, what: str, instead: str) -> None:
+        """Raise where blocking on this runtime could never end: on its loop, and in the
+        worker threads its loop made, whose code runs while the loop waits for it."""
+        if threading.current_thread() is self._thread:
             raise ContractError(f"{what} blocks, so it cannot run on the runtime's loop; {instead}")
+        if worker_origin() is self._thread:
+            raise ContractError(
+                f"{what} blocks, so it cannot run in a host function or kernel of this "
+                "runtime, where it could wait for the region running it; use the arrays "
+                "the region is given"
+            )
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RuntimeClosed("this BlockingRuntime is closed; create a new one")
 
     # -- the Runtime's API, from any thread --------------------------------------------
 
@@ -280,25 +314,73 @@ class BlockingRuntime:
     # -- host memory -------------------------------------------------------------------
 
     def map_read(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
-        """`with brt.map_read(view) as mem:` waits for conflicting work, maps read-only."""
+        """`with brt.map_read(view) as mem:` waits for conflicting work (and for conflicting
+        mappings other threads hold through this facade), then maps read-only."""
         return self._map(view, write=False)
 
     def map_write(self, view: View | Buffer) -> AbstractContextManager[memoryview]:
-        """`with brt.map_write(view) as mem:` waits for conflicting work, maps writable."""
+        """`with brt.map_write(view) as mem:` waits like `map_read`, then maps writable."""
         return self._map(view, write=True)
 
     @contextmanager
     def _map(self, view: View | Buffer, write: bool) -> Iterator[memoryview]:
-        self._refuse_on_loop("map_read()/map_write()", "use `async with view.map_read()`")
+        self._refuse_blocking("map_read()/map_write()", "use `async with view.map_read()`")
+        self._check_open()  # before the view: closing freed its buffer
         target = view.view() if isinstance(view, Buffer) else view
         if not isinstance(target, View):
             raise ContractError(f"map_read()/map_write() take a View or Buffer, got {view!r}")
-        # The hop lasts as long as the mapping, so close() waits for its release.
-        with (
-            self._hop() as portal,
-            portal.wrap_async_context_manager(_mapping(target, write)) as memory,
-        ):
-            yield memory
+        held = _Held(target, write)
+        self._reserve(held)
+        try:
+            # The hop lasts as long as the mapping, so close() waits for its release.
+            with (
+                self._hop() as portal,
+                portal.wrap_async_context_manager(_mapping(target, write)) as memory,
+            ):
+                yield memory
+        finally:
+            with self._state:
+                self._mapped.remove(held)
+                self._state.notify_all()
+
+    def _reserve(self, held: _Held) -> None:
+        """Book `held`, first waiting for conflicting mappings of other threads to end.
+
+        A thread's mapping spans several hops, so other threads see it while an `async
+        with` mapping without awaits is never seen by another task; waiting keeps the
+        facade as free of `Busy` as its async counterpart. A conflict with the caller's
+        own mapping, or a wait that would close a cycle of waiting threads, is `Busy`.
+        """
+        with self._state:
+            while True:
+                self._check_open()
+                blockers = [other for other in self._mapped if held.conflicts(other)]
+                if not blockers:
+                    break
+                if self._waits_on(blockers, held.thread):
+                    raise Busy(
+                        f"{held.label} conflicts with a mapping held by a thread that "
+                        "waits for one of this thread's"
+                    )
+                self._waiting[held.thread] = blockers
+                try:
+                    self._state.wait()
+                finally:
+                    del self._waiting[held.thread]
+            self._mapped.append(held)
+
+    def _waits_on(self, blockers: list[_Held], thread: threading.Thread) -> bool:
+        """Whether a holder of `blockers` waits, directly or not, for a mapping of `thread`."""
+        seen: set[threading.Thread] = set()
+        pending = [other.thread for other in blockers]
+        while pending:
+            holder = pending.pop()
+            if holder is thread:
+                return True
+            if holder not in seen:
+                seen.add(holder)
+                pending.extend(other.thread for other in self._waiting.get(holder, ()))
+        return False
 
     def read(self, view: View | Buffer) -> bytes:
         """A copy of the bytes of `view`, after conflicting work has finished."""
@@ -307,6 +389,8 @@ class BlockingRuntime:
 
     def write(self, view: View | Buffer, data: bytes | bytearray | memoryview) -> None:
         """Overwrite `view` with `data` (exactly its length), after conflicting work."""
+        self._refuse_blocking("write()", "use `async with view.map_write()`")
+        self._check_open()  # before the view: closing freed its buffer
         source = memoryview(data).cast("B")
         target = view.view() if isinstance(view, Buffer) else view
         if not isinstance(target, View) or source.nbytes != target.nbytes:
@@ -325,7 +409,7 @@ class BlockingRuntime:
         Waits for other threads' calls in progress and for live host mappings to be
         released. Raises what closing the runtime raised, if anything.
         """
-        self._refuse_on_loop("close()", "close it from another thread")
+        self._refuse_blocking("close()", "close it from another thread")
         with self._state:
             if self._closing:
                 already = True
@@ -360,6 +444,59 @@ class BlockingRuntime:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<BlockingRuntime {self.async_backend} {state}>"
+
+
+class _LoopThread(threading.Thread):
+    """The thread a `BlockingRuntime`'s loop runs on."""
+
+    def __init__(self, blocking: BlockingRuntime, ready: Future[None]) -> None:
+        super().__init__(name="hrx-blocking-loop", daemon=True)
+        self.blocking = blocking
+        self.ready = ready
+        self.scheduler: object = None
+        """The runtime's scheduler, which owns the completions this loop resolves."""
+
+    def run(self) -> None:
+        self.blocking._thread_main(self.ready)
+
+    @staticmethod
+    def behind_current() -> _LoopThread | None:
+        """The loop thread the calling thread is, or made the worker the calling thread is."""
+        thread: object = threading.current_thread()
+        if not isinstance(thread, _LoopThread):
+            thread = worker_origin()
+        return thread if isinstance(thread, _LoopThread) else None
+
+
+class _Held:
+    """A mapping a thread holds (or is about to) through the facade."""
+
+    __slots__ = ("end", "ident", "label", "start", "thread", "write")
+
+    def __init__(self, view: View, write: bool) -> None:
+        self.thread = threading.current_thread()
+        self.ident = view.buffer.ident
+        self.label = view.buffer.label
+        self.start, self.end = tracked_range(view)
+        self.write = write
+
+    def conflicts(self, other: _Held) -> bool:
+        """Another thread's mapping of overlapping bytes, one of the two writing."""
+        return (
+            other.thread is not self.thread
+            and other.ident == self.ident
+            and (self.write or other.write)
+            and other.start < self.end
+            and self.start < other.end
+        )
+
+
+def _blocking_completion(completion: Completion) -> Completion:
+    # The scheduler makes plain completions; the subclass only adds checks to `wait()`
+    # and has the same slots, so the object itself (which the scheduler resolves and
+    # `after=` compares) becomes one.
+    completion.__class__ = BlockingCompletion
+    return completion
 
 
 @asynccontextmanager
@@ -403,4 +540,4 @@ def _close_open_runtimes() -> None:
             print(f"hrx_async: closing {blocking!r} at exit failed: {exc!r}")
 
 
-__all__ = ["BlockingPreparedGraph", "BlockingRuntime"]
+__all__ = ["BlockingCompletion", "BlockingPreparedGraph", "BlockingRuntime"]

@@ -438,15 +438,12 @@ def _remove_if_same(directory: int, name: str, seen: os.stat_result) -> bool:
     """Unlink `name` if it is still the regular file `seen` (not a newer entry)."""
     try:
         now = os.stat(name, dir_fd=directory, follow_symlinks=False)
-        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
-            seen.st_dev,
-            seen.st_ino,
-        ):
-            return False
-        os.unlink(name, dir_fd=directory)
+        if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (seen.st_dev, seen.st_ino):
+            os.unlink(name, dir_fd=directory)
+            return True
     except OSError:
-        return False
-    return True
+        pass
+    return False
 
 
 def _read_entry(fd: int, info: os.stat_result, key: str) -> bytes | None:
@@ -474,16 +471,19 @@ def _read_entry(fd: int, info: os.stat_result, key: str) -> bytes | None:
         header = json.loads(raw[:newline])
     except ValueError:
         return None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        return None
-    if header.get("key") != key:
-        return None
     payload = raw[newline + 1 :]
-    if not payload or header.get("bytes") != len(payload):
-        return None
-    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
-        return None
-    return payload
+    # Numbers must be ints as written: 2.0 == 2 in Python, yet it is no format this code knows.
+    sound = (
+        isinstance(header, dict)
+        and type(header.get("format")) is int
+        and header["format"] == FORMAT
+        and header.get("key") == key
+        and payload
+        and type(header.get("bytes")) is int
+        and header["bytes"] == len(payload)
+        and header.get("sha256") == hashlib.sha256(payload).hexdigest()
+    )
+    return payload if sound else None
 
 
 def _write_entry(directory: int, name: str, data: bytes) -> None:

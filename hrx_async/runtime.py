@@ -7,6 +7,7 @@ records, prepares or submits is synchronous; only waiting is async.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -261,18 +262,36 @@ class Runtime:
                 return
 
     def _close_backends(self) -> None:
+        # Closed before anything that can fail, so a close that fails part-way still
+        # refuses every later call; each step below runs even when an earlier one raised.
+        self._scheduler = None
         self._host_mappings.closing = True
-        self._host_mappings.invalidate()
-        for ident, finalizer in list(self._finalizers.items()):
+        with contextlib.ExitStack() as steps:  # runs them last-pushed first
+            for closable in (self._backend, self._npu_backend, self._host):
+                if closable is not None:
+                    steps.callback(closable.close)
+            steps.callback(self._release_all)
+            steps.callback(self._host_mappings.invalidate)
+
+    def _release_all(self) -> None:
+        # The cyclic GC (or another thread) may run finalizers at any point in here, and
+        # they pop their own entries: so no iteration over the dict, only atomic pops, and
+        # calling a finalizer that already ran does nothing.
+        finalizers, failed = self._finalizers, None
+        while finalizers:
+            try:
+                ident, finalizer = finalizers.popitem()
+            except KeyError:  # emptied by a finalizer since the test
+                break
             buffer = self._buffers.get(ident)
-            finalizer()
+            try:
+                finalizer()
+            except Exception as exc:  # free the rest first, then say what failed
+                failed = failed or exc
             if buffer is not None:
                 buffer._mark_released()
-        self._finalizers.clear()
-        for closable in (self._host, self._npu_backend, self._backend):
-            if closable is not None:
-                closable.close()
-        self._scheduler = None
+        if failed is not None:
+            raise failed
 
     def _scheduler_or_raise(self) -> Scheduler:
         scheduler = self._scheduler

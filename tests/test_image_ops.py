@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,78 @@ async def test_bad_input_raises_a_contract_error_and_changes_nothing() -> None:
         with pytest.raises(hrx.ContractError):
             ImageOps("runtime")  # type: ignore[arg-type]
         assert ops.stats() == before[0]
+
+
+UNFIT: dict[str, Any] = {
+    "resize mode in a list": lambda o, g, t: o.resize(g, t["img"], t["out"], mode=["nearest"]),
+    "resize mode a number": lambda o, g, t: o.resize(g, t["img"], t["out"], mode=0),
+    "border in a list": lambda o, g, t: o.affine(g, t["img"], t["out"], t["m"], ["constant"]),
+    "border a dict": lambda o, g, t: o.affine(g, t["img"], t["out"], t["m"], {}),
+    "border value beyond float32": lambda o, g, t: o.affine(
+        g, t["img"], t["out"], t["m"], border_value=1e39
+    ),
+    "matrix beyond float32": lambda o, g, t: o.affine(
+        g, t["img"], t["out"], [[1e39, 0, 0], [0, 1, 0]]
+    ),
+    "matrix inverting beyond float32": lambda o, g, t: o.affine(
+        g, t["img"], t["out"], [[1e-40, 0, 0], [0, 1, 0]], src_to_dst=True
+    ),
+    "matrix of strings": lambda o, g, t: o.affine(
+        g, t["img"], t["out"], [["1", "0", "0"], ["0", "1", "0"]]
+    ),
+    "matrix of bools": lambda o, g, t: o.affine(
+        g, t["img"], t["out"], [[True, False, False], [False, True, False]]
+    ),
+    "scale beyond float32": lambda o, g, t: o.normalize(g, t["u8"], t["img"], 0.5, 0.5, 1e39),
+    "scale beyond float64": lambda o, g, t: o.normalize(g, t["u8"], t["img"], 0.5, 0.5, 10**400),
+    "scale complex": lambda o, g, t: o.normalize(
+        g, t["u8"], t["img"], 0.5, 0.5, np.complex128(1 + 1j)
+    ),
+    "mean beyond float32": lambda o, g, t: o.normalize(g, t["u8"], t["img"], 1e39, 0.5),
+    "std beyond float32": lambda o, g, t: o.normalize(g, t["u8"], t["img"], 0.5, [1, 1e39, 1]),
+    "mean a 0-d array of text": lambda o, g, t: o.normalize(
+        g, t["u8"], t["img"], np.array("0.5"), 0.5
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNFIT)
+async def test_parameters_the_kernels_cannot_take_are_refused(case: str) -> None:
+    """Each is a `ContractError` that changes nothing, not a TypeError, a warning or a
+    kernel reading inf or NaN."""
+    async with hrx.Runtime(backend="sim") as rt:
+        ctx = hrx.ModelContext(rt)
+        ops = ImageOps(rt)
+        tensors = {
+            "img": nchw(ctx, "f32", (1, 3, 8, 8)),
+            "u8": nchw(ctx, "u8", (1, 3, 8, 8)),
+            "out": nchw(ctx, "f32", (1, 3, 4, 4)),
+            "m": [[1, 0, 0], [0, 1, 0]],
+        }
+        g = rt.graph("unfit")
+        before = (ops.stats(), len(g), rt.statistics().native_graphs_prepared)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(hrx.ContractError):
+                await UNFIT[case](ops, g, tensors)
+        assert (ops.stats(), len(g), rt.statistics().native_graphs_prepared) == before
+        # Fitting values record.
+        await ops.normalize(g, tensors["u8"], tensors["img"], 0.5, [0.5] * 3, 1 / 255)
+        await ops.affine(g, tensors["img"], tensors["out"], tensors["m"], "replicate", 3.4e38)
+        await ops.resize(g, tensors["img"], tensors["out"], "nearest")
+        assert len(g) == 3
+
+
+async def test_a_zero_dimensional_array_is_one_number() -> None:
+    async with hrx.Runtime(backend="sim") as rt:
+        ctx = hrx.ModelContext(rt)
+        ops = ImageOps(rt)
+        src, dst = nchw(ctx, "u8", (1, 3, 4, 4)), nchw(ctx, "f32", (1, 3, 4, 4))
+        g = rt.graph("0-d")
+        await ops.normalize(g, src, dst, np.array(0.25), np.array(0.5, np.float32))
+        await ctx.upload(src, np.full((1, 3, 4, 4), 255, np.uint8))
+        await g.prepare().submit()
+        np.testing.assert_allclose(await ctx.download(dst), np.full((1, 3, 4, 4), 1.5))
 
 
 async def test_image_work_orders_with_other_work_by_byte_range() -> None:

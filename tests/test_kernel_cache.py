@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -492,6 +493,38 @@ def test_old_format_entries_are_rebuilt(tmp_path: Path) -> None:
     path.write_bytes(json.dumps(header).encode() + b"\n" + PAYLOAD)
     assert cache.load("k") is None
     assert cache.rebuilds == 1 and not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("format", lambda n: 3),
+        ("format", lambda n: 2.0),  # equal to 2 in Python, but no format this code writes
+        ("format", lambda n: True),
+        ("format", lambda n: "2"),
+        ("format", lambda n: None),
+        ("bytes", float),
+        ("bytes", str),
+    ],
+    ids=["3", "2.0", "true", "string", "null", "float length", "string length"],
+)
+def test_entries_of_a_format_this_code_does_not_know_are_rebuilt(
+    tmp_path: Path, field: str, value: Callable[[int], object]
+) -> None:
+    cache = KernelCache(tmp_path)
+    compiler = FakeCompiler()
+    code = _get(cache, compiler)
+    (path,) = cache.entries()
+    raw = path.read_bytes()
+    newline = raw.index(b"\n")
+    header = json.loads(raw[:newline])
+    assert header["format"] == 2 and header["bytes"] == len(code)
+    header[field] = value(header[field])
+    path.write_bytes(json.dumps(header).encode() + raw[newline:])
+    assert _get(cache, compiler) == code
+    assert compiler.calls == 2 and cache.rebuilds == 1 and cache.hits == 0
+    assert _get(cache, compiler) == code  # the rebuilt entry is sound
+    assert compiler.calls == 2 and cache.hits == 1
 
 
 def test_bad_input_raises_contract_error_and_writes_nothing(tmp_path: Path) -> None:

@@ -99,6 +99,17 @@ class ThreadFence:
 
 
 _STOP = object()
+_this_worker = threading.local()
+
+
+def worker_origin() -> threading.Thread | None:
+    """On a worker queue's thread, the thread that made the queue; None on other threads.
+
+    Code that runs on behalf of whoever made the worker (host functions, sim kernels) must
+    not block on it: a blocking facade asks this to refuse where it would deadlock.
+    """
+    origin: threading.Thread | None = getattr(_this_worker, "origin", None)
+    return origin
 
 
 class WorkerQueue:
@@ -107,6 +118,7 @@ class WorkerQueue:
     def __init__(self, name: str) -> None:
         self.name = name
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._origin = threading.current_thread()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -121,24 +133,34 @@ class WorkerQueue:
             self._thread.join(timeout=10)
 
     def _work(self) -> None:
+        _this_worker.origin = self._origin
         while True:
             item = self._items.get()
             if item is _STOP:
                 return
-            program, waits, preflight, fence = item
-            for dependency in waits:
-                dependency.wait()
-            refusal = preflight() if preflight is not None else None
-            if refusal is not None:
-                if isinstance(refusal, Cancelled):
-                    fence.finish(skipped=True)
-                else:
-                    fence.finish(refusal)
-                continue
-            fence.started_at = time.perf_counter()
-            try:
-                program.run()
-            except BaseException as exc:
-                fence.finish(exc)
-            else:
-                fence.finish()
+            _run_item(*item)
+            # The item reaches the region's program and views, so its buffers: held
+            # across the wait for the next item, they would outlive the user's handles.
+            del item
+
+
+def _run_item(
+    program: Runnable, waits: Sequence[Any], preflight: Preflight, fence: ThreadFence
+) -> None:
+    """Run one queued item; a function so that nothing of it stays in the worker's frame."""
+    for dependency in waits:
+        dependency.wait()
+    refusal = preflight() if preflight is not None else None
+    if refusal is not None:
+        if isinstance(refusal, Cancelled):
+            fence.finish(skipped=True)
+        else:
+            fence.finish(refusal)
+        return
+    fence.started_at = time.perf_counter()
+    try:
+        program.run()
+    except BaseException as exc:
+        fence.finish(exc)
+    else:
+        fence.finish()

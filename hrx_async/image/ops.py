@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import shown
 from ..contract import Access, Binding, KernelContract
 from ..errors import ContractError
 from ..graph import Graph
@@ -44,6 +45,7 @@ RESIZE_MODES = {"nearest": 0, "bilinear": 1}
 BORDERS = {"constant": 0, "replicate": 1}
 IMAGE_DTYPES = (DType.U8, DType.F32)
 PATCH_DTYPES = {DType.U8: 1, DType.F16: 2, DType.BF16: 2, DType.F32: 4}
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +73,27 @@ def _suffix(dtype: DType) -> str:
 
 
 def _finite(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        raise ContractError(f"{what} must be a number, got {value!r}")
-    number = float(value)
+    """`value` as the float32 the kernels read; a real number that stays finite there (1e39
+    is finite as a Python float, infinite as a float32)."""
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool):
+        raise ContractError(f"{what} must be a real number, got {shown(value)}")
+    with np.errstate(over="ignore"):
+        try:
+            number = float(np.float32(value))
+        except OverflowError:  # an int beyond float64
+            number = math.inf
     if not math.isfinite(number):
-        raise ContractError(f"{what} must be finite, got {value!r}")
+        raise ContractError(
+            f"{what} must be finite as a float32 (|x| <= {F32_MAX:.6g}), got {shown(value)}"
+        )
     return number
+
+
+def _choice(value: object, choices: dict[str, int], what: str) -> int:
+    # A str first: `in` on a dict would raise TypeError for an unhashable value.
+    if not isinstance(value, str) or value not in choices:
+        raise ContractError(f"{what} must be one of {sorted(choices)}, got {shown(value)}")
+    return choices[value]
 
 
 def _dtype(tensor: Tensor, allowed: Sequence[DType], what: str) -> DType:
@@ -115,14 +132,13 @@ class ImageOps:
         s, d = image_of(src, "resize source"), image_of(dst, "resize destination")
         dtype = _dtype(src, IMAGE_DTYPES, "resize source")
         self._same_images(src, dst, s, d, "resize")
-        if mode not in RESIZE_MODES:
-            raise ContractError(f"resize mode must be one of {sorted(RESIZE_MODES)}, got {mode!r}")
+        number = _choice(mode, RESIZE_MODES, "resize mode")
         self._check_views(graph, [src], dst)
         constants = image_args.pack(
             sy=1.0 / (d.h / s.h),
             sx=1.0 / (d.w / s.w),
             **self._geometry(s, d),
-            mode=RESIZE_MODES[mode],
+            mode=number,
         )
         key = ("resize", mode, _key(src), _key(dst))
         return await self._record(graph, f"hrx_resize_{_suffix(dtype)}", key, [src], dst, constants)
@@ -146,18 +162,15 @@ class ImageOps:
         s, d = image_of(src, "affine source"), image_of(dst, "affine destination")
         dtype = _dtype(src, IMAGE_DTYPES, "affine source")
         self._same_images(src, dst, s, d, "affine")
-        m = _matrix(matrix, src_to_dst)
-        if border not in BORDERS:
-            raise ContractError(f"border must be one of {sorted(BORDERS)}, got {border!r}")
-        fill = _finite(border_value, "border_value")
         if not isinstance(src_to_dst, bool):
             raise ContractError(f"src_to_dst must be a bool, got {src_to_dst!r}")
+        m = _matrix(matrix, src_to_dst)
+        # After the inversion: a near-singular matrix inverts to entries beyond float32.
+        m32 = tuple(_finite(v, "an affine matrix entry (as the kernel reads it)") for v in m)
+        number = _choice(border, BORDERS, "border")
+        fill32 = _finite(border_value, "border_value")
         self._check_views(graph, [src], dst)
-        m32 = tuple(float(np.float32(v)) for v in m)
-        fill32 = float(np.float32(fill))
-        constants = image_args.pack(
-            m=m32, fill=fill32, mode=BORDERS[border], **self._geometry(s, d)
-        )
+        constants = image_args.pack(m=m32, fill=fill32, mode=number, **self._geometry(s, d))
         key = ("affine", border, fill32, m32, _key(src), _key(dst))
         return await self._record(graph, f"hrx_affine_{_suffix(dtype)}", key, [src], dst, constants)
 
@@ -189,7 +202,7 @@ class ImageOps:
         if any(v == 0 for v in stds):
             raise ContractError(f"std must have no zero, got {list(stds)}")
         default = 1.0 / 255.0 if dtype is DType.U8 else 1.0
-        factor = float(np.float32(_finite(default if scale is None else scale, "scale")))
+        factor = _finite(default if scale is None else scale, "scale")
         self._check_views(graph, [src], dst)
         constants = image_args.pack(scale=factor, mean=means, stdv=stds, **self._geometry(s, d))
         key = ("normalize", factor, means, stds, _key(src), _key(dst))
@@ -370,22 +383,30 @@ class ImageOps:
 
 
 def _per_channel(values: object, channels: int, what: str) -> tuple[float, ...]:
+    if isinstance(values, np.ndarray) and values.ndim == 0:
+        values = values[()]  # one number, which list() could not iterate
     if isinstance(values, int | float | np.number) and not isinstance(values, bool):
         items: list[object] = [values] * channels
-    elif isinstance(values, Sequence | np.ndarray) and not isinstance(values, str | bytes):
+    elif isinstance(values, Sequence | np.ndarray) and not isinstance(
+        values, str | bytes | bytearray
+    ):
         items = list(values)
     else:
         raise ContractError(f"{what} must be a number or {channels} numbers, got {values!r}")
     if len(items) != channels:
         raise ContractError(f"{what} needs {channels} values (one per channel), got {len(items)}")
-    return tuple(float(np.float32(_finite(v, f"{what}[{i}]"))) for i, v in enumerate(items))
+    return tuple(_finite(v, f"{what}[{i}]") for i, v in enumerate(items))
 
 
 def _matrix(matrix: Any, src_to_dst: object) -> tuple[float, ...]:
     try:
-        m = np.asarray(matrix, dtype=np.float64)
+        raw = np.asarray(matrix)
     except (TypeError, ValueError):
-        raise ContractError(f"an affine matrix is 2x3 numbers, got {matrix!r}") from None
+        raw = np.asarray(None)
+    # Not through float64 directly: that would read strings ("1") and bools as numbers.
+    if raw.dtype.kind not in "iuf":
+        raise ContractError(f"an affine matrix is 2x3 real numbers, got {shown(matrix)}")
+    m = raw.astype(np.float64)
     if m.shape != (2, 3) or not np.isfinite(m).all():
         raise ContractError(f"an affine matrix is 2x3 finite numbers, got shape {m.shape}")
     if src_to_dst is True:
