@@ -193,6 +193,24 @@ async def test_non_waiting_loads_are_busy_while_a_release_runs() -> None:
     assert loaded == ["b"] and "a" not in residency and residency.evictions == 1
 
 
+async def test_a_loader_asking_for_room_its_own_load_holds_is_refused() -> None:
+    residency: hrx.Residency[str] = hrx.Residency(10)
+
+    async def greedy() -> tuple[str, int]:
+        with await residency.load("inner", 6, lambda: ("inner", 6), wait=True):
+            return "outer", 5
+
+    with anyio.fail_after(5), pytest.raises(hrx.ContractError, match="its own loads"):
+        await residency.load("outer", 5, greedy)
+
+    async def modest() -> tuple[str, int]:
+        (await residency.load("inner", 5, lambda: ("inner", 5))).release()
+        return "outer", 5
+
+    (await residency.load("outer", 5, modest)).release()
+    assert "inner" in residency and "outer" in residency and residency.reserved_bytes == 10
+
+
 class ResidencyMachine(RuleBasedStateMachine):
     """Random loads, leases, releases and evictions of real runtime buffers: the budget is
     never exceeded and always covers every byte still allocated."""

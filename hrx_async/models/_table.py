@@ -24,11 +24,15 @@ Rules, all on one event loop thread:
   release runs anew). Every other eviction started by the same call still runs to the
   end; then the call (a load, an `evict`, a `clear`) raises the first failure, with one
   note per further failure, and a load that needed the room reserves nothing.
+* A loader (or a task it starts) that asks the same table for its own key, or for room
+  that cannot come while its own loads hold their reservations, would wait for itself
+  forever: that is a `ContractError` at once.
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import enum
 import inspect
 from collections.abc import Awaitable, Callable, Hashable
@@ -64,6 +68,13 @@ class Entry(Generic[V]):
         self.waiters = 0
         self.error: BaseException | None = None
         self.ready = anyio.Event()
+
+
+_LOADING: contextvars.ContextVar[tuple[Entry[Any], ...]] = contextvars.ContextVar(
+    "hrx_async_models_loading", default=()
+)
+"""The entries whose loader runs in this task: a context variable, so the tasks a loader
+starts (and waits for) see them too."""
 
 
 def value_idle(value: object) -> bool:
@@ -151,6 +162,7 @@ class Table(Generic[V]):
                     self.entries.move_to_end(key)
                     return entry
                 if entry.state is State.LOADING:
+                    self._refuse_waiting_for_itself(entry)
                     if await self._join(entry):
                         self.hits += 1
                         return entry
@@ -166,6 +178,31 @@ class Table(Generic[V]):
             if self.used + cost <= self.budget:
                 return await self._load(key, cost, loader)
             await self._make_room(cost, wait, deadline)
+
+    def _own_loads(self) -> list[Entry[V]]:
+        """The entries of this table that this task (or the loader that started it) is
+        loading now."""
+        return [
+            entry
+            for entry in _LOADING.get()
+            if entry.state is State.LOADING and self.entries.get(entry.key) is entry
+        ]
+
+    def _refuse_waiting_for_itself(self, entry: Entry[V]) -> None:
+        if entry in self._own_loads():
+            raise ContractError(
+                f"the loader of {self.what} entry {entry.key!r} asked for {entry.key!r} "
+                "itself: it would wait for its own outcome forever"
+            )
+
+    def _refuse_room_held_by_own_loads(self, cost: int) -> None:
+        own = sum(entry.cost for entry in self._own_loads())
+        if own and cost + own > self.budget:
+            raise ContractError(
+                f"a loader of the {self.what} asked for {cost} {self.unit}, which cannot fit "
+                f"while its own loads hold {own} of the {self.budget} {self.unit}: it would "
+                "wait for itself forever"
+            )
 
     async def _join(self, entry: Entry[V]) -> bool:
         """Wait for a loading entry; True when it loaded (and is now held for us)."""
@@ -192,6 +229,7 @@ class Table(Generic[V]):
         self.entries[key] = entry
         self.used += cost
         self.misses += 1
+        token = _LOADING.set((*_LOADING.get(), entry))
         try:
             value, final = await loader()
         except BaseException as exc:
@@ -201,6 +239,8 @@ class Table(Generic[V]):
             entry.ready.set()
             self.notify()
             raise
+        finally:
+            _LOADING.reset(token)
         assert 1 <= final <= cost
         entry.value = value
         self.used -= cost - final
@@ -229,6 +269,7 @@ class Table(Generic[V]):
         return chosen if missing <= 0 else None
 
     async def _make_room(self, cost: int, wait: bool, deadline: float | None) -> None:
+        self._refuse_room_held_by_own_loads(cost)
         chosen = self.victims(cost, count_releasing=wait)
         if chosen:
             await self.evict_entries(chosen)

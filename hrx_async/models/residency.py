@@ -21,7 +21,9 @@ A release that raises leaves that value resident, with its charge, leasable and 
 again (its release run anew) when room is next needed, after the others. The other
 evictions of the same call still finish; then the call (`load`, `evict` or `clear`)
 raises the first failure, noting any further ones, and a load reserves nothing. Failed
-loads reserve nothing and leave no entry. For one event loop thread.
+loads reserve nothing and leave no entry. A loader that asks its own residency for its
+own key, or for more than the budget less its own reservation, is a `ContractError`
+(it would wait for itself). For one event loop thread.
 """
 
 from __future__ import annotations
