@@ -101,3 +101,22 @@ async def test_slots_never_share_writable_io() -> None:
         for bad in ((ctx, 0, build), (ctx, 1, 3), (rt, 1, build)):
             with pytest.raises(hrx.ContractError):
                 PreparedModel(*bad)  # type: ignore[arg-type]
+
+
+async def test_infer_refuses_a_non_mapping_and_ragged_data_and_changes_nothing() -> None:
+    async with hrx.Runtime("sim") as rt:
+        built: list[int] = []
+        model = PreparedModel(ModelContext(rt), 1, factory(load_double(rt), built))
+        for bad in ([np.zeros(N, np.float32)], "x", 3):
+            with pytest.raises(hrx.ContractError, match="mapping"):
+                await model.infer(bad)  # type: ignore[arg-type]
+        assert built == [] and model.idle
+        x = np.arange(N, dtype=np.float32)
+        assert (await model.infer({"x": x}))["y"].tolist() == (2 * x).tolist()
+        submissions = rt.statistics().submissions
+        for ragged in ([[1.0], [1.0, 2.0]], [x, [1.0]]):
+            with pytest.raises(hrx.ContractError):
+                await model.infer({"x": ragged})
+        assert rt.statistics().submissions == submissions and model.idle
+        async with model.slot() as s:
+            assert (await s.read("y")).tolist() == (2 * x).tolist()

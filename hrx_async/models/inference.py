@@ -252,6 +252,10 @@ class PreparedModel:
 
     async def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
         """Write every input, run, and read every output, on one slot."""
+        if not isinstance(inputs, Mapping):
+            raise ContractError(
+                f"infer() takes a mapping of input names to arrays, got {_check.shown(inputs)}"
+            )
         async with self.slot() as s:
             missing = sorted(set(s.inputs) - set(inputs))
             if missing or set(inputs) - set(s.inputs):
