@@ -3,8 +3,13 @@ cancellation reported after the work returns, errors reported."""
 
 from __future__ import annotations
 
+import gc
+import sys
+import textwrap
 import threading
 import time
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -105,6 +110,113 @@ async def test_a_running_job_cancelled_reports_after_its_work_returns() -> None:
             await job
     assert seen[0][0] is True and isinstance(seen[0][1], hrx.Cancelled)
     assert not job.cancel()
+
+
+async def test_a_cancelled_owner_skips_the_jobs_that_have_not_started() -> None:
+    ran: list[int] = []
+    settled: list[hrx.Job] = []
+
+    async def work(i: int) -> int:
+        ran.append(i)
+        if i == 0:
+            owner.cancel()  # while the owner waits in `async with`'s exit
+        await anyio.sleep(0.05)
+        return i
+
+    with anyio.fail_after(5), anyio.CancelScope() as owner:
+        async with hrx.Jobs(1, 21) as jobs:
+            submitted = [jobs.submit(work, i, callback=settled.append) for i in range(20)]
+            submitted.append(jobs.submit(work(20)))  # an awaitable, queued too
+    assert owner.cancelled_caught
+    assert ran == [0] and submitted[0].result() == 0
+    assert all(job.cancelled() for job in submitted[1:])
+    assert sorted(job.ident for job in settled) == list(range(1, 21))
+    assert (jobs.succeeded, jobs.cancelled, jobs.failed) == (1, 20, 0)
+
+
+class Stop(BaseException):
+    """Not an Exception: like SystemExit, it must reach the owner of the jobs."""
+
+
+async def test_a_job_raising_a_base_exception_stops_the_jobs_and_reaches_the_owner() -> None:
+    stop = Stop("stop")
+    seen: list[BaseException | None] = []
+
+    def stopping() -> None:
+        raise stop
+
+    with anyio.fail_after(5), pytest.raises(Stop) as raised:
+        async with hrx.Jobs(1, 3) as jobs:
+            first = jobs.submit(stopping, callback=lambda j: seen.append(j.exception()))
+            queued = jobs.submit(time.sleep, 0)
+            await anyio.sleep_forever()  # the block is cancelled, like a task group's
+    assert raised.value is stop
+    assert isinstance(first.exception(), hrx.Cancelled) and first.exception().__cause__ is stop
+    assert seen == [first.exception()] and queued.cancelled()
+    with pytest.raises(hrx.RuntimeClosed):
+        jobs.submit(time.sleep, 0)
+
+
+async def test_a_thread_job_raising_system_exit_reaches_only_the_owner(anyio_backend: str) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, anyio, hrx_async as hrx
+
+        def leave():
+            raise SystemExit(3)
+
+        async def main():
+            try:
+                async with hrx.Jobs(1, 2) as jobs:
+                    job = jobs.submit(leave)
+                    await anyio.sleep_forever()
+            except SystemExit as exc:
+                print("owner", exc.code, type(job.exception()).__name__)
+
+        anyio.run(main, backend=sys.argv[1])
+        print("after run")
+        """
+    )
+    with anyio.fail_after(60):
+        done = await anyio.run_process([sys.executable, "-c", script, anyio_backend], check=False)
+    assert (done.returncode, done.stdout.decode().split()) == (
+        0,
+        ["owner", "3", "Cancelled", "after", "run"],
+    ), done.stderr.decode()
+
+
+async def test_refused_and_skipped_coroutines_are_closed() -> None:
+    async def work(x: int) -> int:
+        return x
+
+    def refused(submit: Callable[[], object]) -> bool:
+        try:
+            submit()
+        except (hrx.Busy, hrx.ContractError, hrx.RuntimeClosed):
+            return True
+        return False
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gate = anyio.Event()
+        async with hrx.Jobs(1, 2) as jobs:
+            jobs.submit(gate.wait)
+            assert refused(lambda: jobs.submit(work(1), 2))
+            assert refused(lambda: jobs.submit(work(1), callback=7))  # type: ignore[arg-type]
+            jobs.submit(work(2)).cancel()
+            jobs.submit(work(3))
+            assert refused(lambda: jobs.submit(work(4)))
+            assert refused(lambda: jobs.submit(work, 4))
+            gate.set()
+        assert refused(lambda: jobs.submit(work(5)))
+        assert refused(lambda: jobs.submit(work, 5))
+        with anyio.CancelScope() as owner:
+            async with hrx.Jobs(1, 2) as jobs:
+                jobs.submit(anyio.sleep, 0.01)
+                jobs.submit(work(6))
+                owner.cancel()
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
 
 
 @settings(max_examples=30, deadline=None)

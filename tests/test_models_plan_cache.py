@@ -94,6 +94,49 @@ async def test_a_cancelled_loader_lets_a_waiter_load_again() -> None:
     assert cache.stats().misses == 2
 
 
+async def test_a_loader_asking_for_its_own_key_is_refused_at_once() -> None:
+    cache: hrx.PlanCache[str] = hrx.PlanCache(2)
+
+    async def itself() -> str:
+        return (await cache.get_or_prepare("k", lambda: "inner", wait=True)).value
+
+    async def through_a_child_task() -> str:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cache.get_or_prepare, "k", lambda: "inner")
+        return "outer"
+
+    with anyio.fail_after(5), pytest.raises(hrx.ContractError, match="itself"):
+        await cache.get_or_prepare("k", itself)
+    assert "k" not in cache and len(cache) == 0
+    refused = pytest.RaisesGroup(pytest.RaisesExc(hrx.ContractError, match="itself"))
+    with anyio.fail_after(5), refused:
+        await cache.get_or_prepare("k", through_a_child_task)
+    assert "k" not in cache and len(cache) == 0
+    # a loader may use the cache for other keys that fit
+    with await cache.get_or_prepare("k", lambda: "plain") as plan:
+        assert plan == "plain"
+
+
+@pytest.mark.parametrize("wait", [True, False])
+async def test_a_loader_asking_for_room_its_own_load_holds_is_refused(wait: bool) -> None:
+    cache: hrx.PlanCache[str] = hrx.PlanCache(1)
+
+    async def other_key() -> str:
+        return (await cache.get_or_prepare("inner", lambda: "inner", wait=wait)).value
+
+    with anyio.fail_after(5), pytest.raises(hrx.ContractError, match="its own loads"):
+        await cache.get_or_prepare("outer", other_key)
+    assert len(cache) == 0
+    wide: hrx.PlanCache[str] = hrx.PlanCache(2)
+
+    async def fits() -> str:
+        (await wide.get_or_prepare("inner", lambda: "inner", wait=wait)).release()
+        return "outer"
+
+    (await wide.get_or_prepare("outer", fits)).release()
+    assert sorted(wide.keys()) == ["inner", "outer"]
+
+
 async def test_eviction_is_lru_of_unheld_entries_then_busy() -> None:
     released: list[str] = []
     cache: hrx.PlanCache[str] = hrx.PlanCache(2, release=released.append)

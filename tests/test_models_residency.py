@@ -121,6 +121,96 @@ async def test_leases_pin_and_waiting_form_gets_space() -> None:
         assert residency.reserved_bytes == 0 and rt.statistics().live_bytes == 0
 
 
+async def test_a_failing_release_leaves_its_value_resident_and_no_entry_evicting() -> None:
+    failing = {"a", "b"}
+
+    def release(value: str) -> None:
+        if value in failing:
+            raise OSError(f"cannot release {value}")
+
+    residency: hrx.Residency[str] = hrx.Residency(15, release=release)
+    for key in ("a", "b", "c"):
+        (await residency.load(key, 5, lambda k=key: (k, 5))).release()
+    # "c" needs all 15 bytes: the three releases run, two of them fail
+    with anyio.fail_after(5):
+        with pytest.raises(OSError, match="cannot release a") as failure:
+            await residency.load("d", 15, lambda: ("d", 15))
+    assert any("'b'" in note for note in getattr(failure.value, "__notes__", []))
+    assert "a" in residency and "b" in residency and "c" not in residency and "d" not in residency
+    assert residency.resident_bytes("a") == 5 and residency.reserved_bytes == 10
+    assert residency.evictions == 1
+    # nothing stays evicting: every later load answers at once
+    with anyio.fail_after(5):
+        with await residency.load("b", 5, lambda: ("never", 5)) as value:
+            assert value == "b"
+        (await residency.load("c", 5, lambda: ("c", 5))).release()
+    failing.clear()
+    # the values whose release failed are evicted again later, their release run anew
+    (await residency.load("e", 10, lambda: ("e", 10))).release()
+    assert [key for key in "abce" if key in residency] == ["c", "e"]
+    failing.add("c")
+    with pytest.raises(OSError, match="cannot release c"):
+        await residency.clear()
+    assert [key for key in "abce" if key in residency] == ["c"]
+    assert residency.reserved_bytes == 5 and residency.evictions == 4
+    failing.clear()
+    await residency.evict("c")
+    assert residency.reserved_bytes == 0 and residency.resources == 0
+
+
+async def test_non_waiting_loads_are_busy_while_a_release_runs() -> None:
+    gate = anyio.Event()
+    releasing = anyio.Event()
+
+    async def release(value: str) -> None:
+        releasing.set()
+        await gate.wait()
+
+    residency: hrx.Residency[str] = hrx.Residency(10, release=release)
+    (await residency.load("a", 10, lambda: ("a", 10))).release()
+    loaded: list[str] = []
+    async with anyio.create_task_group() as tg:
+
+        async def evicting_load() -> None:
+            with await residency.load("b", 10, lambda: ("b", 10)) as value:
+                loaded.append(value)
+
+        tg.start_soon(evicting_load)
+        await releasing.wait()
+        try:  # the release never ends unless the gate opens
+            with anyio.fail_after(5):
+                with pytest.raises(hrx.Busy, match="being evicted"):
+                    await residency.load("a", 10, lambda: ("a", 10))
+                with pytest.raises(hrx.Busy, match="being released"):
+                    await residency.load("c", 5, lambda: ("c", 5))
+                with pytest.raises(hrx.Busy, match="timed out"):
+                    await residency.load("a", 10, lambda: ("a", 10), wait=True, timeout=0.01)
+                with pytest.raises(hrx.Busy, match="timed out"):
+                    await residency.load("c", 5, lambda: ("c", 5), wait=True, timeout=0.01)
+            assert residency.reserved_bytes == 10 and residency.stats().misses == 1
+        finally:
+            gate.set()
+    assert loaded == ["b"] and "a" not in residency and residency.evictions == 1
+
+
+async def test_a_loader_asking_for_room_its_own_load_holds_is_refused() -> None:
+    residency: hrx.Residency[str] = hrx.Residency(10)
+
+    async def greedy() -> tuple[str, int]:
+        with await residency.load("inner", 6, lambda: ("inner", 6), wait=True):
+            return "outer", 5
+
+    with anyio.fail_after(5), pytest.raises(hrx.ContractError, match="its own loads"):
+        await residency.load("outer", 5, greedy)
+
+    async def modest() -> tuple[str, int]:
+        (await residency.load("inner", 5, lambda: ("inner", 5))).release()
+        return "outer", 5
+
+    (await residency.load("outer", 5, modest)).release()
+    assert "inner" in residency and "outer" in residency and residency.reserved_bytes == 10
+
+
 class ResidencyMachine(RuleBasedStateMachine):
     """Random loads, leases, releases and evictions of real runtime buffers: the budget is
     never exceeded and always covers every byte still allocated."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
@@ -53,30 +55,72 @@ def test_bad_descriptors(args: tuple[object, ...], kwargs: dict[str, object]) ->
         TensorDesc(*args, **kwargs)  # type: ignore[arg-type]
 
 
+def offsets(shape: tuple[int, ...] | list[int], strides: tuple[int, ...] | list[int]) -> Any:
+    """Every element offset of a layout, one per index, by brute force."""
+    return [sum(i * s for i, s in zip(index, strides, strict=True)) for index in np.ndindex(*shape)]
+
+
+@settings(max_examples=400)
 @given(
-    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-    strides=st.lists(st.integers(1, 30), min_size=3, max_size=3),
+    shape=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+    strides=st.lists(st.integers(1, 30), min_size=4, max_size=4),
 )
-def test_non_overlap_matches_brute_force(shape: list[int], strides: list[int]) -> None:
+def test_a_layout_is_refused_exactly_when_two_indices_share_an_element(
+    shape: list[int], strides: list[int]
+) -> None:
     strides = strides[: len(shape)]
-    offsets = [
-        sum(i * s for i, s in zip(index, strides, strict=True)) for index in np.ndindex(*shape)
-    ]
-    overlapping = len(set(offsets)) != len(offsets)
-    if overlapping:
-        with pytest.raises(hrx.ContractError):
+    found = offsets(shape, strides)
+    if len(set(found)) != len(found):
+        with pytest.raises(hrx.ContractError, match="two distinct indices"):
             TensorDesc("u8", shape, strides)
-        return
-    nested = True  # in stride order, each dimension steps past the smaller ones' extent
-    extent = 1
-    for stride, dim in sorted((s, d) for d, s in zip(shape, strides, strict=True) if d > 1):
-        nested = nested and stride >= extent
-        extent += stride * (dim - 1)
-    if nested:
-        assert TensorDesc("u8", shape, strides).nbytes == max(offsets) + 1
-    else:  # interleaved dimensions are refused too, though their elements are distinct
+    else:  # interleaved dimensions too, when their elements are distinct
+        assert TensorDesc("u8", shape, strides).nbytes == (max(found) + 1 if found else 0)
+
+
+def test_interleaved_layouts_are_checked_exactly_or_refused_as_unverifiable() -> None:
+    assert sorted(offsets((3, 2), (2, 3))) == [0, 2, 3, 4, 5, 7]
+    assert TensorDesc("f32", (3, 2), (2, 3)).nbytes == 8 * 4
+    assert TensorDesc("u8", (3, 3), (2, 3)).nbytes == 11
+    with pytest.raises(hrx.ContractError, match="two distinct indices"):
+        TensorDesc("u8", (4, 3), (2, 3))  # (3, 0) and (0, 2) both reach 6
+    # A set with distinct subset sums that no stride order nests (Conway and Guy's): every
+    # element is distinct, but settling that exceeds the search's bound, so it is refused,
+    # and not as overlapping.
+    u = [0, 1]
+    for n in range(1, 16):
+        u.append(2 * u[n] - u[n - round((2 * n) ** 0.5)])
+    sidon = [u[16] - u[i] for i in range(16)]
+    shape = (2,) * 16
+    assert len(set(np.array(offsets(shape, sidon)))) == 2**16
+    with pytest.raises(hrx.ContractError, match="too intricately") as refused:
+        TensorDesc("u8", shape, sidon)
+    assert "overlap for" not in str(refused.value)
+
+
+def test_ranks_and_sizes_past_numpy_and_signed_64_bits_are_refused() -> None:
+    assert TensorDesc("u8", (1,) * 64).rank == 64
+    largest = 2**63 - 1
+    assert TensorDesc("f32", ((largest + 1) // 4 - 1,)).nbytes == largest - 3
+    assert TensorDesc("u8", (0, largest)).nbytes == 0
+    assert TensorDesc("u8", (1, 2), (largest, 1)).nbytes == 2
+    for args in [
+        ("u8", (1,) * 65),
+        ("f32", (2**64 - 1,)),
+        ("f32", ((largest + 1) // 4,)),
+        ("u8", (2**32, 2**31)),
+        ("f32", (0, (largest + 1) // 4)),
+        ("u8", (0, largest + 1)),
+        ("f32", (1, 2), ((largest + 1) // 4, 1)),
+        ("u8", (2, 2), (largest, 1)),
+    ]:
         with pytest.raises(hrx.ContractError):
-            TensorDesc("u8", shape, strides)
+            TensorDesc(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [(np.int32, -1), (np.int32, 2), "i4,i4", object, None])
+def test_what_numpy_cannot_read_as_a_supported_dtype_is_refused(value: object) -> None:
+    with pytest.raises(hrx.ContractError, match="unsupported dtype"):
+        DType.of(value)
 
 
 def test_bf16_round_trip() -> None:
@@ -107,3 +151,17 @@ async def test_tensors_over_views_round_trip_numpy_and_dlpack() -> None:
         assert (await t.read() == values).all()
         empty = Tensor(TensorDesc("f32", (0, 3)), buffer.view())
         assert (await empty.read()).shape == (0, 3)
+
+
+@pytest.mark.anyio
+async def test_ragged_and_odd_values_are_refused_and_write_nothing() -> None:
+    async with hrx.Runtime("sim") as rt:
+        buffer = rt.allocate(8, hrx.HOST_VISIBLE)
+        t = Tensor(TensorDesc("i32", (2,)), buffer.view())
+        await t.write(np.array([7, 8], np.int32))
+        for value in ([[1], [1, 2]], [1, [2, 3]], 2**70, object()):
+            with pytest.raises(hrx.ContractError):
+                await t.write(value)
+        assert (await t.read()).tolist() == [7, 8]
+        deep = Tensor(TensorDesc("u8", (1,) * 64), buffer.view(0, 1))
+        assert (await deep.read()).shape == (1,) * 64

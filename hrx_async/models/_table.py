@@ -15,11 +15,24 @@ Rules, all on one event loop thread:
   least recently used first; their charge is released only after `release(value)`
   returns (the value is gone). Without enough such entries, `Busy`, or, when asked to
   wait, a wait for room (bounded by a timeout). A refused request evicts nothing.
+  Charges of values whose release is still running (another caller's eviction) are room
+  only for a caller that waits: the non-waiting form answers `Busy` at once, also for a
+  key that is being evicted.
+* A release that raises leaves its value where it was: the entry is ready again and
+  keeps its charge (the budget must still cover whatever the value holds); it moves to
+  the most recently used end, so the next time room is needed it is tried last (and its
+  release runs anew). Every other eviction started by the same call still runs to the
+  end; then the call (a load, an `evict`, a `clear`) raises the first failure, with one
+  note per further failure, and a load that needed the room reserves nothing.
+* A loader (or a task it starts) that asks the same table for its own key, or for room
+  that cannot come while its own loads hold their reservations, would wait for itself
+  forever: that is a `ContractError` at once.
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import enum
 import inspect
 from collections.abc import Awaitable, Callable, Hashable
@@ -44,7 +57,7 @@ class State(enum.Enum):
 
 
 class Entry(Generic[V]):
-    __slots__ = ("cost", "error", "gone", "holds", "key", "ready", "state", "value", "waiters")
+    __slots__ = ("cost", "error", "holds", "key", "ready", "state", "value", "waiters")
 
     def __init__(self, key: Hashable, cost: int) -> None:
         self.key = key
@@ -55,7 +68,13 @@ class Entry(Generic[V]):
         self.waiters = 0
         self.error: BaseException | None = None
         self.ready = anyio.Event()
-        self.gone: anyio.Event | None = None
+
+
+_LOADING: contextvars.ContextVar[tuple[Entry[Any], ...]] = contextvars.ContextVar(
+    "hrx_async_models_loading", default=()
+)
+"""The entries whose loader runs in this task: a context variable, so the tasks a loader
+starts (and waits for) see them too."""
 
 
 def value_idle(value: object) -> bool:
@@ -143,16 +162,47 @@ class Table(Generic[V]):
                     self.entries.move_to_end(key)
                     return entry
                 if entry.state is State.LOADING:
+                    self._refuse_waiting_for_itself(entry)
                     if await self._join(entry):
                         self.hits += 1
                         return entry
                     continue  # the loading caller was cancelled: try again
-                assert entry.gone is not None
-                await entry.gone.wait()
+                # Evicting: the key can load again once its old value is gone.
+                if not wait:
+                    raise Busy(
+                        f"{self.what} entry {key!r} is being evicted (its release is still "
+                        "running); retry or use the waiting form"
+                    )
+                await self._wait_for_change(cost, deadline, poll=False)
                 continue
             if self.used + cost <= self.budget:
                 return await self._load(key, cost, loader)
             await self._make_room(cost, wait, deadline)
+
+    def _own_loads(self) -> list[Entry[V]]:
+        """The entries of this table that this task (or the loader that started it) is
+        loading now."""
+        return [
+            entry
+            for entry in _LOADING.get()
+            if entry.state is State.LOADING and self.entries.get(entry.key) is entry
+        ]
+
+    def _refuse_waiting_for_itself(self, entry: Entry[V]) -> None:
+        if entry in self._own_loads():
+            raise ContractError(
+                f"the loader of {self.what} entry {entry.key!r} asked for {entry.key!r} "
+                "itself: it would wait for its own outcome forever"
+            )
+
+    def _refuse_room_held_by_own_loads(self, cost: int) -> None:
+        own = sum(entry.cost for entry in self._own_loads())
+        if own and cost + own > self.budget:
+            raise ContractError(
+                f"a loader of the {self.what} asked for {cost} {self.unit}, which cannot fit "
+                f"while its own loads hold {own} of the {self.budget} {self.unit}: it would "
+                "wait for itself forever"
+            )
 
     async def _join(self, entry: Entry[V]) -> bool:
         """Wait for a loading entry; True when it loaded (and is now held for us)."""
@@ -179,6 +229,7 @@ class Table(Generic[V]):
         self.entries[key] = entry
         self.used += cost
         self.misses += 1
+        token = _LOADING.set((*_LOADING.get(), entry))
         try:
             value, final = await loader()
         except BaseException as exc:
@@ -188,6 +239,8 @@ class Table(Generic[V]):
             entry.ready.set()
             self.notify()
             raise
+        finally:
+            _LOADING.reset(token)
         assert 1 <= final <= cost
         entry.value = value
         self.used -= cost - final
@@ -199,11 +252,13 @@ class Table(Generic[V]):
         self.notify()
         return entry
 
-    def victims(self, cost: int) -> list[Entry[V]] | None:
-        """LRU-first idle unheld ready entries whose eviction (with evictions already under
-        way) makes `cost` fit; None when even all of them would not."""
+    def victims(self, cost: int, count_releasing: bool) -> list[Entry[V]] | None:
+        """LRU-first idle unheld ready entries whose eviction makes `cost` fit (with the
+        charges of releases already running counted as room when `count_releasing`);
+        None when even all of them would not."""
         missing = self.used + cost - self.budget
-        missing -= sum(e.cost for e in self.entries.values() if e.state is State.EVICTING)
+        if count_releasing:
+            missing -= sum(e.cost for e in self.entries.values() if e.state is State.EVICTING)
         chosen: list[Entry[V]] = []
         for entry in self.entries.values():
             if missing <= 0:
@@ -214,60 +269,68 @@ class Table(Generic[V]):
         return chosen if missing <= 0 else None
 
     async def _make_room(self, cost: int, wait: bool, deadline: float | None) -> None:
-        chosen = self.victims(cost)
-        if chosen is not None:
-            evicting = [e for e in self.entries.values() if e.state is State.EVICTING]
-            for entry in chosen:
-                self.start_eviction(entry)
-            for entry in chosen:
-                await self.finish_eviction(entry)
-            for entry in evicting:
-                assert entry.gone is not None
-                await entry.gone.wait()
+        self._refuse_room_held_by_own_loads(cost)
+        chosen = self.victims(cost, count_releasing=wait)
+        if chosen:
+            await self.evict_entries(chosen)
             return
         if not wait:
             raise Busy(self.busy_message(cost))
+        # Either releases already running will make the room (chosen == []), or only
+        # handles being released or busy values becoming idle can.
+        blocked_by_busy_values = chosen is None and any(
+            e.state is State.READY and e.holds == 0 for e in self.entries.values()
+        )
+        await self._wait_for_change(cost, deadline, poll=blocked_by_busy_values)
+
+    async def _wait_for_change(self, cost: int, deadline: float | None, poll: bool) -> None:
         remaining = None if deadline is None else deadline - anyio.current_time()
         if remaining is not None and remaining <= 0:
             raise Busy(f"timed out waiting for room: {self.busy_message(cost)}")
-        blocked_by_busy_values = any(
-            e.state is State.READY and e.holds == 0 for e in self.entries.values()
-        )
         with anyio.move_on_after(remaining):
-            await self._wait_changed(poll=blocked_by_busy_values)
+            await self._wait_changed(poll)
 
     def busy_message(self, cost: int) -> str:
         held = sum(1 for e in self.entries.values() if e.holds or e.state is not State.READY)
+        releasing = sum(e.cost for e in self.entries.values() if e.state is State.EVICTING)
         return (
             f"{cost} {self.unit} do not fit in the {self.what}: {self.used} of {self.budget} "
-            f"{self.unit} in use, {held} of {len(self.entries)} entries held or loading and "
-            "the rest busy; release a handle or use the waiting form"
+            f"{self.unit} in use ({releasing} of them by values still being released), "
+            f"{held} of {len(self.entries)} entries held, loading or being evicted and the "
+            "rest busy; release a handle or use the waiting form"
         )
 
     # -- eviction --------------------------------------------------------------------
 
-    def start_eviction(self, entry: Entry[V]) -> None:
-        entry.state = State.EVICTING
-        entry.gone = anyio.Event()
-
-    async def finish_eviction(self, entry: Entry[V]) -> None:
-        """Release the value (shielded: it always finishes), then its charge."""
-        assert entry.gone is not None
-        try:
-            with anyio.CancelScope(shield=True):
-                await call_release(self.release, entry.value)
-        except BaseException:
-            entry.state = State.READY  # the value is not gone: it keeps its charge
-            entry.gone.set()
-            entry.gone = None
-            self.notify()
-            raise
-        del self.entries[entry.key]
-        self.used -= entry.cost
-        self.evictions += 1
-        entry.value = None
-        entry.gone.set()
-        self.notify()
+    async def evict_entries(self, chosen: list[Entry[V]]) -> None:
+        """Evict `chosen` (ready, unheld): each value is released (shielded: every release
+        runs to the end, whatever fails or is cancelled), then its charge; see the module
+        docstring for a release that raises."""
+        for entry in chosen:
+            entry.state = State.EVICTING
+        failures: list[tuple[Entry[V], BaseException]] = []
+        with anyio.CancelScope(shield=True):
+            for entry in chosen:
+                try:
+                    await call_release(self.release, entry.value)
+                except BaseException as exc:
+                    entry.state = State.READY
+                    self.entries.move_to_end(entry.key)
+                    failures.append((entry, exc))
+                else:
+                    del self.entries[entry.key]
+                    self.used -= entry.cost
+                    self.evictions += 1
+                    entry.value = None
+                self.notify()
+        if failures:
+            (_, first), *others = failures
+            for entry, other in others:
+                first.add_note(
+                    f"releasing {self.what} entry {entry.key!r} failed too: {other!r} (it stays "
+                    "resident)"
+                )
+            raise first
 
     async def evict(self, key: Hashable) -> None:
         entry = self.entries.get(key)
@@ -279,15 +342,17 @@ class Table(Generic[V]):
             raise Busy(f"{self.what} entry {key!r} is held {entry.holds} time(s)")
         if not value_idle(entry.value):
             raise Busy(f"{self.what} entry {key!r} is still busy (its value is not idle)")
-        self.start_eviction(entry)
-        await self.finish_eviction(entry)
+        await self.evict_entries([entry])
 
     async def clear(self) -> None:
         """Evict every ready, unheld, idle entry (the others stay)."""
-        for entry in [e for e in self.entries.values() if e.state is State.READY]:
-            if entry.holds == 0 and entry.state is State.READY and value_idle(entry.value):
-                self.start_eviction(entry)
-                await self.finish_eviction(entry)
+        await self.evict_entries(
+            [
+                e
+                for e in self.entries.values()
+                if e.state is State.READY and e.holds == 0 and value_idle(e.value)
+            ]
+        )
 
 
 class Hold(Generic[V]):

@@ -14,8 +14,14 @@
 
 A prepared model keeps `slots` independent copies of a model's I/O and prepared graph,
 built by `factory(ctx, index)` on first use, through a `SlotPool` (so a slot is never
-handed out while its last run is still on the device). Slots never share writable I/O:
-a factory that returns a buffer another slot already uses is refused (`ContractError`).
+handed out while its last run is still on the device). When a slot is built, its
+tensors and graph must be the context's, and its inputs and outputs must have the names
+and descriptions of the first slot built; slots never share writable I/O (a buffer
+another slot already uses). Otherwise that slot is refused (`ContractError`) and
+nothing is kept.
+
+A tensor belongs to a model context when its buffer belongs to the context's runtime;
+transfers refuse any other (`ContractError`, "belongs to another model context").
 I/O in host-mappable memory is written and read in place; device-only I/O goes through
 a host staging buffer and a copy graph per tensor, made on first use and reused. The
 non-waiting acquire `slot_nowait()` raises `Busy`. For the event loop thread only.
@@ -48,6 +54,40 @@ class ModelContext:
             raise ContractError(f"a ModelContext needs a Runtime, got {_check.shown(runtime)}")
         self.runtime = runtime
 
+    def owns(self, tensor: object) -> bool:
+        """Whether `tensor` is a Tensor of this context (in a buffer of its runtime)."""
+        return isinstance(tensor, Tensor) and self.runtime.owns(tensor.view)
+
+    def validate(self, tensor: object, what: str = "a tensor") -> Tensor:
+        """`tensor` when it is a live Tensor of this context, else `ContractError`."""
+        if not isinstance(tensor, Tensor):
+            raise ContractError(f"{what} must be a Tensor, got {_check.shown(tensor)}")
+        if not self.runtime.owns(tensor.view):
+            raise ContractError(
+                f"{what} {tensor} belongs to another model context (its runtime is "
+                f"{tensor.view.buffer.domain.label}, this context's is "
+                f"{self.runtime.domain.label})"
+            )
+        tensor.view.buffer.check_alive()
+        return tensor
+
+    def _staging(self, tensor: Tensor, staging: object, label: str) -> tuple[Buffer, bool]:
+        """The host-visible buffer to stage `tensor` through, and whether it is a
+        temporary one of ours (when `staging` is None)."""
+        if staging is None:
+            return self.allocate(tensor.nbytes, HOST_VISIBLE, label), True
+        if not isinstance(staging, Buffer) or not self.runtime.owns(staging):
+            raise ContractError(
+                f"staging must be a Buffer of this context's runtime, got {_check.shown(staging)}"
+            )
+        staging.check_alive()
+        if not staging.placement.host_mappable or staging.nbytes < tensor.nbytes:
+            raise ContractError(
+                f"staging for {tensor.desc} must be host-mappable and hold {tensor.nbytes} "
+                f"bytes; {staging.label} is {staging.placement} with {staging.nbytes}"
+            )
+        return staging, False
+
     def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
         return self.runtime.allocate(nbytes, placement, label)
 
@@ -61,14 +101,14 @@ class ModelContext:
     async def upload(self, tensor: Tensor, array: Any, staging: Buffer | None = None) -> None:
         """Write `array` into `tensor`: in place when host-mappable, else through `staging`
         (a host-visible buffer of at least `tensor.nbytes`; a temporary one when None)."""
+        tensor = self.validate(tensor)
         array = tensor.check_array(array)
         if tensor.desc.empty:
             return
         if tensor.view.buffer.placement.host_mappable:
             await tensor.write(array)
             return
-        own = staging is None
-        stage = staging or self.allocate(tensor.nbytes, HOST_VISIBLE, "upload-staging")
+        stage, own = self._staging(tensor, staging, "upload-staging")
         try:
             staged = Tensor(tensor.desc, stage.view(0, tensor.nbytes))
             await staged.write(array)
@@ -79,10 +119,10 @@ class ModelContext:
 
     async def download(self, tensor: Tensor, staging: Buffer | None = None) -> np.ndarray[Any, Any]:
         """A numpy copy of `tensor` (through `staging` when it is device-only)."""
+        tensor = self.validate(tensor)
         if tensor.desc.empty or tensor.view.buffer.placement.host_mappable:
             return await tensor.read()
-        own = staging is None
-        stage = staging or self.allocate(tensor.nbytes, HOST_VISIBLE, "download-staging")
+        stage, own = self._staging(tensor, staging, "download-staging")
         try:
             staged = Tensor(tensor.desc, stage.view(0, tensor.nbytes))
             await self.copy(staged, tensor)
@@ -93,8 +133,8 @@ class ModelContext:
 
     def copy_graph(self, dst: Tensor, src: Tensor) -> PreparedGraph:
         """A prepared copy of `src`'s bytes into `dst` (same dtype and extent)."""
-        if not (isinstance(dst, Tensor) and isinstance(src, Tensor)):
-            raise ContractError("copy() takes two Tensors")
+        dst = self.validate(dst, "the copy's destination")
+        src = self.validate(src, "the copy's source")
         if dst.desc.dtype is not src.desc.dtype or dst.nbytes != src.nbytes or src.desc.empty:
             raise ContractError(f"cannot copy {src.desc} into {dst.desc}: dtype or size differs")
         graph = self.runtime.graph("tensor-copy")
@@ -205,6 +245,8 @@ class PreparedModel:
         self.staging_buffers = 0
         self._factory = factory
         self._owners: dict[int, int] = {}  # buffer ident -> slot index, for writable I/O
+        self._io_descs: tuple[int, dict[str, TensorDesc], dict[str, TensorDesc]] | None = None
+        """(slot index, input descs, output descs) of the first slot built: every slot's."""
         self.pool: SlotPool[SlotIO] = SlotPool(context.runtime, slots, self._build, label)
 
     def _build(self, runtime: Runtime, index: int) -> SlotIO:
@@ -213,13 +255,20 @@ class PreparedModel:
             raise ContractError(
                 f"a model factory returns SlotIO(inputs, outputs, graph), got {_check.shown(io)}"
             )
+        if io.graph.runtime is not self.context.runtime:
+            raise ContractError(
+                f"slot {index}'s graph was prepared by another runtime than its model "
+                f"context's ({self.context.runtime.domain.label})"
+            )
         claimed: dict[int, int] = {}
+        descs: list[dict[str, TensorDesc]] = []
         for kind, tensors in (("input", io.inputs), ("output", io.outputs)):
             if not isinstance(tensors, Mapping):
                 raise ContractError(f"SlotIO {kind}s must map names to Tensors")
+            descs.append({})
             for name, tensor in tensors.items():
-                if not isinstance(tensor, Tensor):
-                    raise ContractError(f"{kind} {name!r} is not a Tensor: {_check.shown(tensor)}")
+                self.context.validate(tensor, f"slot {index}'s {kind} {name!r}")
+                descs[-1][name] = tensor.desc
                 ident = tensor.view.buffer.ident
                 owner = self._owners.get(ident, index)
                 if owner != index:
@@ -228,6 +277,20 @@ class PreparedModel:
                         f"which slot {owner} already uses: slots never share writable I/O"
                     )
                 claimed[ident] = index
+        inputs, outputs = descs
+        if self._io_descs is None:
+            self._io_descs = (index, inputs, outputs)
+        else:
+            first, first_inputs, first_outputs = self._io_descs
+            for kind, mine, theirs in (
+                ("inputs", inputs, first_inputs),
+                ("outputs", outputs, first_outputs),
+            ):
+                if mine != theirs:
+                    raise ContractError(
+                        f"slot {index}'s {kind} {_described(mine)} differ from slot {first}'s "
+                        f"{_described(theirs)}: every slot has the same I/O"
+                    )
         self._owners.update(claimed)
         return io
 
@@ -252,6 +315,10 @@ class PreparedModel:
 
     async def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
         """Write every input, run, and read every output, on one slot."""
+        if not isinstance(inputs, Mapping):
+            raise ContractError(
+                f"infer() takes a mapping of input names to arrays, got {_check.shown(inputs)}"
+            )
         async with self.slot() as s:
             missing = sorted(set(s.inputs) - set(inputs))
             if missing or set(inputs) - set(s.inputs):
@@ -267,6 +334,14 @@ class PreparedModel:
 
     def __repr__(self) -> str:
         return f"<PreparedModel {self.label!r} slots={self.slots} built={self.pool.built}>"
+
+
+def _described(descs: dict[str, TensorDesc]) -> str:
+    shown = (
+        f"{name}: {desc} strides {list(desc.strides)} {desc.layout.value}"
+        for name, desc in sorted(descs.items(), key=lambda item: str(item[0]))
+    )
+    return "{" + ", ".join(shown) + "}"
 
 
 __all__ = ["ModelContext", "ModelSlot", "PreparedModel", "SlotIO"]

@@ -14,8 +14,17 @@ Every job settles exactly once, and its `callback(job)` (if any) then runs exact
 on the loop. `job.cancel()` of a queued job settles it at once with `Cancelled`; of a
 running job it never interrupts the work: the job settles with `Cancelled` after its
 work returns (the result is dropped). A job that raises settles with its exception.
-Leaving the `async with` block waits for every job; leaving it by an exception cancels
-the queued ones and waits for the running ones. For the event loop thread only.
+Leaving the `async with` block waits for every job; leaving it by an exception, or being
+cancelled while waiting there, settles the jobs that have not started with `Cancelled`
+(they never run) and waits for the running ones.
+
+A job raising what is not an `Exception` (`SystemExit`, `KeyboardInterrupt`, ...) stops
+the jobs: that job settles with `Cancelled` (the exception chained as its cause), the
+jobs that have not started settle with `Cancelled`, `submit` refuses, the owner's block
+is cancelled like a task group whose child failed, and once the running jobs have
+returned, leaving the block raises that exception itself (the first, unwrapped): it
+reaches the owner and nothing else. A coroutine that is refused or never runs is closed,
+so nothing warns that it was never awaited. For the event loop thread only.
 """
 
 from __future__ import annotations
@@ -143,6 +152,8 @@ class Jobs:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._closed = False
+        self._skip_unstarted = False
+        self._fatal: BaseException | None = None
         self._idle: anyio.Event | None = None
         self._ids = 0
         self.submitted = 0
@@ -169,18 +180,38 @@ class Jobs:
     ) -> bool | None:
         task_group = self._task_group
         assert task_group is not None
-        try:
-            if exc is not None:
-                for job in list(self._queue):
-                    job.cancel()
-                    self._settle_queued(job)
-            else:
+        stopped = exc
+        if exc is None:
+            try:
                 await self.join()
+            except BaseException as interrupted:  # the owner was cancelled while it waited
+                stopped = interrupted
+        self._closed = True
+        if stopped is not None:
+            self._cancel_unstarted()
+        # Only a cancellation goes to the task group, which absorbs the one it caused itself
+        # (see `_stop`); any other exception of the block goes on as it is, not in a group.
+        # Running jobs shield themselves, so this waits for them even when cancelled.
+        cancelled = anyio.get_cancelled_exc_class()
+        forwarded = stopped if isinstance(stopped, cancelled) else None
+        try:
+            absorbed = await task_group.__aexit__(
+                None if forwarded is None else type(forwarded),
+                forwarded,
+                None if forwarded is None else forwarded.__traceback__,
+            )
+        except BaseException:
+            if self._fatal is None:
+                raise
+            absorbed = True
         finally:
-            self._closed = True
-            # Running jobs shield themselves, so this waits for them even when cancelled.
-            await task_group.__aexit__(None, None, None)
             self._task_group = None
+        if self._fatal is not None:
+            raise self._fatal
+        if absorbed:
+            return True if exc is not None else None
+        if stopped is not None and stopped is not exc:
+            raise stopped  # join's interruption, which the task group did not raise itself
         return None
 
     async def join(self) -> None:
@@ -205,23 +236,12 @@ class Jobs:
         self, fn: Any, /, *args: Any, callback: Callable[[Job], object] | None = None
     ) -> Job:
         """Queue `fn(*args)` (or an awaitable, with no args); `Busy` at capacity."""
-        task_group = self._task_group
-        if task_group is None or self._closed:
-            raise RuntimeClosed(f"{self.label!r} is not open; submit inside `async with Jobs()`")
-        if inspect.isawaitable(fn):
-            if args:
-                raise ContractError("an awaitable job takes no arguments")
-        else:
-            _check.function(fn, "a job")
-        if callback is not None:
-            _check.function(callback, "callback")
-        if self.pending >= self.capacity:
+        try:
+            task_group = self._admit(fn, args, callback)
+        except BaseException:
             if inspect.iscoroutine(fn):
                 fn.close()  # refused: never awaited, and no warning about it
-            raise Busy(
-                f"{self.label!r} is full: {self._running} running and {len(self._queue)} "
-                f"queued of capacity {self.capacity}"
-            )
+            raise
         self._ids += 1
         job = Job(self, self._ids, fn, args, callback)
         self.submitted += 1
@@ -232,6 +252,29 @@ class Jobs:
             self._queue.append(job)
         return job
 
+    def _admit(
+        self, fn: Any, args: tuple[Any, ...], callback: Callable[[Job], object] | None
+    ) -> anyio.abc.TaskGroup:
+        """The task group to run a new job on, once every check has passed."""
+        task_group = self._task_group
+        if self._fatal is not None:
+            raise RuntimeClosed(f"{self.label!r} stopped: a job raised {self._fatal!r}")
+        if task_group is None or self._closed:
+            raise RuntimeClosed(f"{self.label!r} is not open; submit inside `async with Jobs()`")
+        if inspect.isawaitable(fn):
+            if args:
+                raise ContractError("an awaitable job takes no arguments")
+        else:
+            _check.function(fn, "a job")
+        if callback is not None:
+            _check.function(callback, "callback")
+        if self.pending >= self.capacity:
+            raise Busy(
+                f"{self.label!r} is full: {self._running} running and {len(self._queue)} "
+                f"queued of capacity {self.capacity}"
+            )
+        return task_group
+
     async def run(self, fn: Any, /, *args: Any) -> Any:
         """Submit and wait for the job's result."""
         return await self.submit(fn, *args)
@@ -241,7 +284,7 @@ class Jobs:
     async def _worker(self, job: Job | None) -> None:
         try:
             while job is not None:
-                if job._cancel_requested:
+                if job._cancel_requested or self._skip_unstarted:
                     self._settle(job, None, Cancelled(f"job {job.ident} was cancelled"))
                 else:
                     await self._run(job)
@@ -273,13 +316,32 @@ class Jobs:
                         value = await value
             except Exception as exc:
                 error = exc
+            except anyio.get_cancelled_exc_class() as exc:
+                error = Cancelled(f"job {job.ident} was cancelled by its own work")
+                error.__cause__ = exc
             except BaseException as exc:
-                self._settle(job, None, exc)
-                raise
+                # Raised from this task it would end the task group (or, on asyncio, escape
+                # the event loop); it is the owner's to handle.
+                error = Cancelled(f"job {job.ident} was stopped by {exc!r}, raised to the owner")
+                error.__cause__ = exc
+                self._stop(exc)
         if job._cancel_requested:
             error = Cancelled(f"job {job.ident} was cancelled; its work ran to the end")
             value = None
         self._settle(job, value, error)
+
+    def _stop(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+        self._cancel_unstarted()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+
+    def _cancel_unstarted(self) -> None:
+        """Settle every job that has not started with `Cancelled`; none of them will run."""
+        self._skip_unstarted = True
+        for job in list(self._queue):
+            self._settle_queued(job)
 
     def _settle_queued(self, job: Job) -> None:
         try:
@@ -291,6 +353,8 @@ class Jobs:
     def _settle(self, job: Job, value: Any, error: BaseException | None) -> None:
         if job.state is JobState.DONE:
             return
+        if job.state is JobState.QUEUED and inspect.iscoroutine(job._fn):
+            job._fn.close()  # it never runs: no warning that it was never awaited
         job._result, job._error = value, error
         job.state = JobState.DONE
         job._fn = job._args = None  # type: ignore[assignment]

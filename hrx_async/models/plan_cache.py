@@ -11,7 +11,10 @@ lock held); its exception reaches each of them and leaves no entry. When the cac
 full, the least recently used entry that nobody holds and whose plan is idle (a plan
 with a boolean `idle` attribute that is False is busy) is evicted and `release(plan)`
 called; with no such entry the call raises `Busy`, or with `wait=True` waits for room
-(at most `timeout` seconds, then `Busy`). For one event loop thread.
+(at most `timeout` seconds, then `Busy`). A loader (or a task it starts and waits for)
+that asks the cache for its own key, or for room its own loads hold (capacity 1 and
+another key), would wait for itself forever: that is a `ContractError` at once. For
+one event loop thread.
 """
 
 from __future__ import annotations

@@ -13,8 +13,17 @@ budget raises `BudgetExceeded`. Short of space, entries that nobody leases (and 
 value is idle) are evicted least recently used first; with none to evict, `Busy`, or with
 `wait=True` a wait for space (up to `timeout` seconds, then `Busy`). An evicted value is
 released by `release(value)` (by default: its runtime buffers are freed) and only then
-is its charge given back, so the budget always covers everything still allocated.
-Failed loads reserve nothing and leave no entry. For one event loop thread.
+is its charge given back, so the budget always covers everything still allocated. While
+a release runs, its charge is room only for the waiting form: without `wait`, a load
+that needs it (or a load of the key being evicted) raises `Busy` at once.
+
+A release that raises leaves that value resident, with its charge, leasable and evicted
+again (its release run anew) when room is next needed, after the others. The other
+evictions of the same call still finish; then the call (`load`, `evict` or `clear`)
+raises the first failure, noting any further ones, and a load reserves nothing. Failed
+loads reserve nothing and leave no entry. A loader that asks its own residency for its
+own key, or for more than the budget less its own reservation, is a `ContractError`
+(it would wait for itself). For one event loop thread.
 """
 
 from __future__ import annotations

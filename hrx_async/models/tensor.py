@@ -6,11 +6,12 @@
     array = await t.read()
 
 Rules (the original's): dtypes u8 (1 byte), f16 and bf16 (2), i32, u32 and f32 (4),
-i64 (8); layouts general (any rank), NCHW and NHWC (rank 4) and rows (rank 2); strides
-are in elements, row-major by default, each > 0, and no two elements overlap (taken in
-stride order, each dimension steps past the whole extent of the smaller ones); an empty
-shape is a scalar (one element); a zero dimension makes the tensor empty (0 bytes);
-`nbytes` is the full extent from the first to the last element. Bad input raises
+i64 (8); layouts general (rank 0 to 64, numpy's limit), NCHW and NHWC (rank 4) and rows
+(rank 2); strides are in elements, row-major by default, each > 0, and no two elements
+overlap (no two distinct indices reach the same offset); an empty shape is a scalar (one
+element); a zero dimension makes the tensor empty (0 bytes); `nbytes` is the full extent
+from the first to the last element. Sizes fit a signed 64-bit integer: `nbytes`, every
+byte stride, and the dense size of the dimensions (zero ones skipped). Bad input raises
 `ContractError` and makes nothing. bf16 values are held in numpy as their uint16 bits
 (`bf16_from_f32`, `f32_from_bf16`).
 """
@@ -60,7 +61,7 @@ class DType(enum.Enum):
             return _BY_NAME[text]
         try:
             found = np.dtype(value)  # type: ignore[call-overload]
-        except TypeError:
+        except Exception:  # numpy raises several kinds for what it cannot read as a dtype
             found = None
         if found is not None and found.str.lstrip("<=|") in _BY_NUMPY:
             return _BY_NUMPY[found.str.lstrip("<=|")]
@@ -106,6 +107,13 @@ class Layout(enum.Enum):
 
 
 _RANK = {Layout.NCHW: 4, Layout.NHWC: 4, Layout.ROWS: 2}
+MAX_RANK = 64
+"""numpy's most dimensions: a tensor of more could be described but never read."""
+MAX_BYTES = 2**63 - 1
+"""The largest signed 64-bit size: byte offsets and strides past it have no native type."""
+OVERLAP_SEARCH_STEPS = 50_000
+"""How many steps the exact overlap search of interleaved strides may take (see
+`_check_no_overlap`)."""
 
 
 def row_major(shape: Sequence[int]) -> tuple[int, ...]:
@@ -137,6 +145,8 @@ class TensorDesc:
         dtype = DType.of(dtype)
         if not isinstance(shape, Sequence) or isinstance(shape, str | bytes):
             raise ContractError(f"a shape is a sequence of integers, got {_check.shown(shape)}")
+        if len(shape) > MAX_RANK:
+            raise ContractError(f"a tensor has rank 0..{MAX_RANK}, got rank {len(shape)}")
         dims = tuple(
             _check.integer(d, f"dimension {i} of shape {shape!r}") for i, d in enumerate(shape)
         )
@@ -159,6 +169,8 @@ class TensorDesc:
             steps = tuple(
                 _check.integer(s, f"stride {i} of {strides!r}", 1) for i, s in enumerate(strides)
             )
+        _check_sizes(dtype, dims, steps)
+        if strides is not None:
             _check_no_overlap(dims, steps)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", dims)
@@ -203,20 +215,108 @@ class TensorDesc:
         return f"{self.dtype.value}{list(self.shape)}"
 
 
+def _check_sizes(dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    item = dtype.itemsize
+    dense = math.prod(max(d, 1) for d in shape) * item
+    last = 0 if 0 in shape else sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+    widest = max((s * item for s in strides), default=0)
+    for what, size in (
+        ("its dimensions hold", dense),
+        ("it spans", 0 if 0 in shape else (last + 1) * item),
+        ("a stride steps", widest),
+    ):
+        if size > MAX_BYTES:
+            raise ContractError(
+                f"shape {shape} with strides {strides} of {dtype.value}: {what} {size} bytes, "
+                f"more than the largest signed 64-bit size ({MAX_BYTES})"
+            )
+
+
 def _check_no_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
-    """Dimensions sorted by stride must each step past the whole extent of the smaller ones."""
+    """Refuse strides under which two distinct indices reach the same element.
+
+    Taken in stride order, dimensions that each step past the whole reach of the smaller
+    ones never overlap: that settles the common layouts (row-major, permuted, sliced) at
+    once. Interleaved ones are decided exactly by `_collision`, whose work is bounded; a
+    layout it cannot settle within `OVERLAP_SEARCH_STEPS` is refused as unverifiable,
+    never accepted unchecked.
+    """
     if 0 in shape:
         return
-    dims = sorted((s, d) for d, s in zip(shape, strides, strict=True) if d > 1)
-    extent = 1
-    for stride, dim in dims:
-        if stride < extent:
-            raise ContractError(
-                f"strides {strides} overlap for shape {shape}: a stride of {stride} is inside "
-                f"the {extent}-element extent of the dimensions with smaller strides"
-            )
-        extent = stride * (dim - 1) + extent
-    return
+    dims = sorted((s, d - 1) for d, s in zip(shape, strides, strict=True) if d > 1)
+    reach = 0
+    for stride, top in dims:
+        if stride <= reach:
+            break
+        reach += stride * top
+    else:
+        return
+    reach = sum(stride * top for stride, top in dims)
+    # More elements than offsets in the extent: two of them must share one.
+    collides = math.prod(top + 1 for _, top in dims) > reach + 1 or _collision(dims)
+    if collides is None:
+        raise ContractError(
+            f"strides {strides} for shape {shape} interleave their dimensions too intricately "
+            f"to be checked for overlap within {OVERLAP_SEARCH_STEPS} steps; use strides "
+            "where each dimension steps past the extent of those with smaller strides"
+        )
+    if collides:
+        raise ContractError(
+            f"strides {strides} overlap for shape {shape}: two distinct indices reach the "
+            "same element"
+        )
+
+
+class _GaveUp(Exception):
+    pass
+
+
+def _collision(dims: list[tuple[int, int]]) -> bool | None:
+    """Whether two distinct indices reach one offset, for `dims` as (stride, largest index)
+    in stride order; None when deciding takes more than `OVERLAP_SEARCH_STEPS` steps.
+
+    Two indices x != y collide when c = x - y, a nonzero vector with |c_i| <= top_i, has
+    sum(c_i * stride_i) == 0. Take k the last dimension with c_k != 0, and c_k > 0 (else
+    use -c): the dimensions before k must sum to -c_k * stride_k, or, negating their c_i,
+    to c_k * stride_k. `sums_to(k, t)` searches that from the largest stride down, trying
+    only the c_j that leave a rest the smaller dimensions can still reach, and remembers
+    every (k, t) it has settled. Its steps are counted, so a layout whose search would
+    explode (the problem is as hard as subset sum) ends in None instead.
+    """
+    reach = [0]
+    for stride, top in dims:
+        reach.append(reach[-1] + stride * top)
+    settled: dict[tuple[int, int], bool] = {}
+    steps = 0
+
+    def sums_to(k: int, t: int) -> bool:
+        """Whether the first `k` dimensions can sum to `t` (>= 0)."""
+        nonlocal steps
+        steps += 1
+        if steps > OVERLAP_SEARCH_STEPS:
+            raise _GaveUp
+        if t == 0:
+            return True
+        if t > reach[k]:
+            return False
+        known = settled.get((k, t))
+        if known is None:
+            stride, top = dims[k - 1]
+            rest = reach[k - 1]
+            low = max(-top, -((rest - t) // stride))
+            high = min(top, (t + rest) // stride)
+            known = any(sums_to(k - 1, abs(t - c * stride)) for c in range(low, high + 1))
+            settled[(k, t)] = known
+        return known
+
+    try:
+        return any(
+            sums_to(k, c * stride)
+            for k, (stride, top) in enumerate(dims)
+            for c in range(1, min(top, reach[k] // stride) + 1)
+        )
+    except _GaveUp:
+        return None
 
 
 class Tensor:
@@ -261,7 +361,12 @@ class Tensor:
 
     def check_array(self, value: Any) -> np.ndarray[Any, Any]:
         """`array` as numpy, when its dtype and shape are the tensor's (else `ContractError`)."""
-        array: np.ndarray[Any, Any] = np.asarray(value)
+        try:
+            array: np.ndarray[Any, Any] = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as exc:  # ragged nesting, odd objects
+            raise ContractError(
+                f"expected {self.desc} as an array, got {_check.shown(value)}: {exc}"
+            ) from None
         dtype = DType.of(array.dtype) if array.dtype != np.uint16 else None
         wanted = self.desc.dtype
         ok_dtype = dtype is wanted or (wanted is DType.BF16 and array.dtype == np.uint16)
