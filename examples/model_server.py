@@ -7,8 +7,10 @@ patches and classified into 10 classes by a second matrix product:
     x[B,3,16,16] -> patchify (GPU) -> patches[B*16,48] @ w1 (NPU) -> h[B*16,64]
     -> +b1, relu, mean over patches (GPU) -> pooled[B,64] @ w2 (NPU) -> +b2 (GPU) -> logits
 
-The weights are generated deterministically and saved as safetensors on first run
-(nothing is downloaded). Serving uses every part of the layer:
+The weights are generated deterministically and saved as safetensors when asked
+(`--generate-weights`; nothing is downloaded), and checked when the server starts: a
+missing or bad weights file stops it with a one-line error. Serving uses every part of
+the layer:
 
 * a `Residency` holds the weights (loaded by `load_safetensors` into shared GPU/NPU
   buffers, checked against the expected dtypes and shapes),
@@ -37,16 +39,22 @@ the image kernels by shape in `ImageOps`' own cache, so a repeated shape prepare
 nothing. GET /v1/model/stats shows the layer's counters; /healthz, /stats and /metrics
 come from `RuntimeService`.
 
-Run it:  python examples/model_server.py --port 8000 [--backend sim|cuda|auto]
+Refusals follow examples/service.py: 400 for a malformed request (a body that is not
+JSON, a Content-Length that is no number), 413 for one too large (refused from its
+Content-Length at once, or as soon as the bytes streamed in pass the route's limit),
+415 for a content type the route does not take, 422 for well-formed input it cannot
+use (wrong shape, numbers that are no finite float32, nesting deeper than the images).
+
+Run it:  python examples/model_server.py --generate-weights --port 8000 [--backend sim|cuda|auto]
+Exit status: 0, 1 (the weights or the backend cannot be used), 64 (usage).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handler's annotations.
 
-import argparse
-import json
 import logging
 import math
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -59,7 +67,7 @@ from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
 from hrx_async.image import ImageOps
-from hrx_async.serve import RuntimeService
+from hrx_async.serve import RequestRefused, RuntimeService, load_json, read_body
 
 C, H, W, P = 3, 16, 16, 4
 CELLS = (H // P) * (W // P)
@@ -80,6 +88,12 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 MAX_SIDE = 1024  # largest picture height or width /v1/classify_image takes
 IMAGE_PLANS = 8  # (batch size, height, width) plans kept for /v1/classify_image
+MAX_CLASSIFY_BYTES = MAX_BATCH * C * H * W * 32  # JSON numbers of up to ~30 characters
+MAX_IMAGE_BYTES = MAX_BATCH * MAX_SIDE * MAX_SIDE * C
+IMAGES_DEPTH = 5  # {"images": n x 3 x 16 x 16}: an object and four arrays
+IMAGES_USAGE = f'expected {{"images": n x {C} x {H} x {W} numbers}}'
+JSON, OCTETS = "application/json", "application/octet-stream"
+logger = logging.getLogger("model_server")
 
 
 def make_weights() -> dict[str, np.ndarray[Any, Any]]:
@@ -92,14 +106,22 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-def ensure_weights(path: Path) -> Path:
-    """Write the deterministic weights to `path` unless they are there already."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        hrx.write_safetensors(partial, make_weights(), metadata={"model": "patch-mlp"})
-        partial.replace(path)
+def write_weights(path: Path) -> Path:
+    """Write the deterministic weights to `path` (whole or not at all)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hrx.write_safetensors(path, make_weights(), metadata={"model": "patch-mlp"})
     return path
+
+
+def check_weights(path: Path) -> None:
+    """The file must hold this model's tensors; `hrx.ArtifactError` says why not."""
+    header = hrx.read_safetensors_header(path)
+    wanted = {name: hrx.TensorDesc(dtype, shape) for name, (dtype, shape) in EXPECT.items()}
+    found = {name: entry.desc for name, entry in header.entries.items()}
+    if found != wanted:
+        shown = ", ".join(f"{name} {desc}" for name, desc in sorted(found.items())) or "none"
+        expected = ", ".join(f"{name} {desc}" for name, desc in wanted.items())
+        raise hrx.MislabeledArtifact(f"{path}: holds {shown}; the model needs {expected}")
 
 
 def patchify(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -343,24 +365,42 @@ async def build_image_plan(
 
 
 def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
-    """A request body as float32 images [n, 3, 16, 16] (runs on a worker thread)."""
-    if kind == "application/octet-stream":
+    """A request body as float32 images [n, 3, 16, 16] (runs on a worker thread).
+
+    ValueError when the images are unusable (422), RequestRefused when the body is not
+    JSON (400) or nests deeper than images do (422)."""
+    if kind == OCTETS:
         if not body or len(body) % (C * H * W * 4):
             raise ValueError(f"{len(body)} bytes is not a whole number of {C}x{H}x{W} f32 images")
         images = np.frombuffer(body, np.float32).reshape(-1, C, H, W)
     else:
-        try:
-            payload = json.loads(body)
-            images = np.asarray(payload["images"], dtype=np.float32)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f'expected {{"images": n x {C} x {H} x {W} numbers}}: {exc}') from None
-        if images.ndim != 4 or images.shape[1:] != (C, H, W) or images.shape[0] < 1:
-            raise ValueError(f"images must be n x {C} x {H} x {W}, got {list(images.shape)}")
+        images = images_from(load_json(body, IMAGES_DEPTH, IMAGES_USAGE))
     if images.shape[0] > MAX_BATCH:
         raise ValueError(f"at most {MAX_BATCH} images per request, got {images.shape[0]}")
     if not np.isfinite(images).all():
-        raise ValueError("images must be finite numbers")
+        raise ValueError("images must be finite float32 numbers")
     return images
+
+
+def images_from(payload: Any) -> np.ndarray[Any, Any]:
+    """`{"images": [...]}` as float32 [n, 3, 16, 16]; ValueError naming what is wrong."""
+    if not isinstance(payload, dict) or "images" not in payload:
+        raise ValueError(f"{IMAGES_USAGE}, got a JSON {type(payload).__name__} without it")
+    try:
+        # Objects first: numpy would turn strings and booleans into numbers.
+        cells = np.asarray(payload["images"], dtype=object)
+    except ValueError:
+        raise ValueError(f"images must be n x {C} x {H} x {W} (rows of equal length)") from None
+    if cells.ndim != 4 or cells.shape[1:] != (C, H, W) or not 1 <= cells.shape[0] <= MAX_BATCH:
+        raise ValueError(
+            f"images must be n x {C} x {H} x {W} (n 1..{MAX_BATCH}), got {list(cells.shape)}"
+        )
+    if not all(type(v) in (int, float) for v in cells.flat):
+        raise ValueError("images must hold numbers only (no strings, booleans or null)")
+    try:
+        return cells.astype(np.float32)
+    except OverflowError:
+        raise ValueError("images must be finite float32 numbers") from None
 
 
 class TooLarge(ValueError):
@@ -485,12 +525,38 @@ class ModelServer:
 
 
 def default_weights_path() -> Path:
+    """$HRX_MODEL_DIR/patch_mlp.safetensors, or in the system's temporary directory."""
     root = os.environ.get("HRX_MODEL_DIR") or os.path.join(tempfile.gettempdir(), "hrx_models")
     return Path(root) / "patch_mlp.safetensors"
 
 
-def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 2) -> FastAPI:
-    path = ensure_weights(weights or default_weights_path())
+def prepare_weights(weights: Path | None, generate: bool = False) -> Path:
+    """The checked weights file: `weights`, or the default path; written first when
+    `generate` is set and no file is there. `hrx.ArtifactError` when it cannot be used
+    (`UnreadableArtifact` saying "no such file" when it is missing)."""
+    path = weights if weights is not None else default_weights_path()
+    if generate and not path.exists():
+        logger.info("writing the generated weights to %s", path)
+        write_weights(path)
+    check_weights(path)
+    logger.info("weights: %s", path)
+    return path
+
+
+def refused(exc: RequestRefused) -> HTTPException:
+    return HTTPException(exc.status, exc.detail)
+
+
+def create_app(
+    backend: str = "auto",
+    weights: Path | None = None,
+    slots: int = 2,
+    generate_weights: bool = False,
+) -> FastAPI:
+    """The app serving the model in `weights` (default: `default_weights_path()`), checked
+    here, so a missing or bad file fails now rather than on every request; with
+    `generate_weights`, a missing file is written with the example's weights first."""
+    path = prepare_weights(weights, generate_weights)
     service: RuntimeService[ModelServer] = RuntimeService(
         lambda rt: ModelServer(rt, path, slots), backend=backend
     )
@@ -515,13 +581,15 @@ def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 
     async def classify(
         request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
     ) -> JSONResponse:
-        kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        body = await request.body()
-        if len(body) > MAX_BATCH * C * H * W * 32:
-            raise HTTPException(413, "body too large")
+        kind = media_type(request, JSON)
+        if kind not in (JSON, OCTETS):
+            raise HTTPException(415, f"send images as {JSON} or {OCTETS}, not {kind!r}")
         assert server.jobs is not None
         try:
+            body = await read_body(request, MAX_CLASSIFY_BYTES)
             images = await server.jobs.run(decode, body, kind)
+        except RequestRefused as exc:
+            raise refused(exc) from None
         except hrx.Busy as exc:
             raise HTTPException(503, str(exc)) from None
         except ValueError as exc:
@@ -533,18 +601,16 @@ def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 
     async def classify_image(
         request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
     ) -> JSONResponse:
-        kind = request.headers.get("content-type", "").split(";")[0].strip()
-        if kind != "application/octet-stream":
-            raise HTTPException(
-                415, f"send raw u8 HWC pixels as application/octet-stream, not {kind!r}"
-            )
-        body = await request.body()
-        if len(body) > MAX_BATCH * MAX_SIDE * MAX_SIDE * C:
-            raise HTTPException(413, "body too large")
+        kind = media_type(request, "")
+        if kind != OCTETS:
+            raise HTTPException(415, f"send raw u8 HWC pixels as {OCTETS}, not {kind!r}")
         shape, dtype = request.headers.get("x-image-shape"), request.headers.get("x-image-dtype")
         assert server.jobs is not None
         try:
+            body = await read_body(request, MAX_IMAGE_BYTES)
             pictures = await server.jobs.run(decode_image, body, shape, dtype)
+        except RequestRefused as exc:
+            raise refused(exc) from None
         except hrx.Busy as exc:
             raise HTTPException(503, str(exc)) from None
         except TooLarge as exc:
@@ -563,19 +629,61 @@ def create_app(backend: str = "auto", weights: Path | None = None, slots: int = 
     return app
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def media_type(request: Request, default: str) -> str:
+    """The request's Content-Type without parameters, in lower case."""
+    return request.headers.get("content-type", default).split(";")[0].strip().lower()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until interrupted. Exit status: 0, 1 (the weights or the backend cannot be
+    used), 64 (usage)."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from hrx_async.backends import resolve
+    from hrx_async.cli import Parser
+    from hrx_async.examples.common import BACKENDS, EXIT_FAILURE, EXIT_OK
+
+    parser = Parser(prog="model_server.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--backend", default=os.environ.get("HRX_BACKEND", "auto"))
-    parser.add_argument("--weights", type=Path, default=None, help="safetensors file")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument(
+        "--backend",
+        default=os.environ.get("HRX_BACKEND", "auto"),
+        choices=BACKENDS,
+        help="GPU backend (default: $HRX_BACKEND, else auto)",
+    )
+    parser.add_argument(
+        "--weights",
+        type=Path,
+        default=None,
+        help=f"safetensors file (default: {default_weights_path()}; $HRX_MODEL_DIR sets its "
+        "directory)",
+    )
+    parser.add_argument(
+        "--generate-weights",
+        action="store_true",
+        help="write the example's deterministic weights to the weights file if it is missing",
+    )
     parser.add_argument("--slots", type=int, default=2, help="slots per batch size")
     args = parser.parse_args(argv)
+    if args.slots < 1:
+        parser.error(f"--slots must be >= 1, got {args.slots}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(args.backend, args.weights, args.slots), host=args.host, port=args.port)
+    path = args.weights if args.weights is not None else default_weights_path()
+    try:
+        # Said now in one line, not as a traceback when the app starts.
+        resolve(args.backend)
+        app = create_app(args.backend, path, args.slots, args.generate_weights)
+    except (hrx.HrxError, OSError) as exc:  # OSError: writing the generated weights
+        missing = not args.generate_weights and not os.path.lexists(path)
+        hint = " (--generate-weights writes the example's weights there)" if missing else ""
+        print(f"{parser.prog}: error: {exc}{hint}", file=sys.stderr)
+        return EXIT_FAILURE
+    uvicorn.run(app, host=args.host, port=args.port)
+    return EXIT_OK
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

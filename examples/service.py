@@ -18,7 +18,10 @@ classes that fits them. Each class has a pool of slots (own buffers and graphs,
 built on first use, so serving allocates nothing after warm-up) and a batcher:
 requests that arrive while every slot is busy share the next submission, each
 at its own offset in the slot's staging. Bad input is refused with a 4xx before
-it reaches the runtime, and a client that goes away mid-body is let go quietly.
+it reaches the runtime (`hrx_async.serve.body`: 400 malformed, such as a body that is
+not JSON; 413 too large, from the Content-Length at once or as the body streams in;
+415 an unknown Content-Type; 422 well-formed but unusable values), and a client that
+goes away mid-body is let go quietly.
 `/healthz`, `/stats` and `/metrics` come from `RuntimeService.add_routes`.
 
 Run it:  python examples/service.py --port 8000 [--backend sim|cuda|hip|auto]
@@ -28,7 +31,6 @@ or:      uvicorn --app-dir examples service:app   (HRX_BACKEND, HRX_SLOTS, HRX_B
 # No `from __future__ import annotations`: FastAPI reads the handler's annotations,
 # which name a local dependency.
 
-import json
 import logging
 import math
 import os
@@ -40,10 +42,9 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.requests import ClientDisconnect
 
 import hrx_async as hrx
-from hrx_async.serve import RuntimeService
+from hrx_async.serve import RequestRefused, RuntimeService, load_json, read_body
 from hrx_async.slots import Batcher, Slot, SlotPool
 
 SCALE = 2.0
@@ -96,24 +97,11 @@ def clip_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
 # -- input validation ---------------------------------------------------------------------
 
 
-class PayloadError(Exception):
-    """A request the service refuses, with the HTTP status to answer."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
-
 Vector = np.ndarray[Any, np.dtype[Any]]
 """A validated request vector: float32, float64 or int32, every value a finite float32."""
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INT32 = np.iinfo(np.int32)
-
-_BRACKET_STEP = np.zeros(256, np.int8)
-_BRACKET_STEP[[ord("["), ord("{")]] = 1
-_BRACKET_STEP[[ord("]"), ord("}")]] = -1
 
 
 def _show(value: object, limit: int = 40) -> str:
@@ -126,54 +114,14 @@ def _show(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-def json_depth(body: bytes) -> int:
-    """How deep arrays and objects nest in a JSON text, brackets inside strings not counted.
-
-    In numpy, without parsing: the parser recurses once per level, and this costs about as
-    much for a hostile body as parsing a valid one of the same size.
-    """
-    text = np.frombuffer(body, np.uint8)
-    delimiters = text == ord('"')
-    if b"\\" in body:
-        # A quote is part of a string, not its end, when an odd run of backslashes comes
-        # right before it.
-        positions = np.arange(text.size, dtype=np.int32)
-        last_plain = np.maximum.accumulate(np.where(text == ord("\\"), -1, positions))
-        quotes = np.flatnonzero(delimiters)
-        run = quotes - 1 - last_plain[np.maximum(quotes - 1, 0)]
-        delimiters[quotes[(quotes > 0) & (run % 2 == 1)]] = False
-    # After an odd number of delimiters, a byte is inside a string.
-    inside = np.bitwise_xor.accumulate(delimiters.view(np.uint8)).view(np.bool_)
-    steps = _BRACKET_STEP[text]
-    steps = steps[(steps != 0) & ~inside].astype(np.int32)
-    return int(np.cumsum(steps, out=steps).max(initial=0))
-
-
-def check_json_depth(body: bytes) -> None:
-    """Refuse a body whose arrays and objects nest deeper than MAX_JSON_DEPTH."""
-    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
-        return  # it cannot nest deeper: the usual body takes only this check
-    depth = json_depth(body)
-    if depth > MAX_JSON_DEPTH:
-        raise PayloadError(
-            422,
-            f"JSON body nests arrays/objects {depth} deep; at most {MAX_JSON_DEPTH} allowed "
-            '(an object with a flat "values" list of numbers)',
-        )
-
-
 def parse_json(body: bytes) -> Vector:
     """`{"values": [numbers], "dtype": "float32"}` (dtype optional) -> a validated vector."""
-    check_json_depth(body)
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PayloadError(400, f"body is not valid JSON: {exc}") from None
+    document = load_json(body, MAX_JSON_DEPTH, 'an object with a flat "values" list of numbers')
     if not isinstance(document, dict) or not isinstance(document.get("values"), list):
-        raise PayloadError(422, 'JSON body must be an object with a "values" list of numbers')
+        raise RequestRefused(422, 'JSON body must be an object with a "values" list of numbers')
     dtype = document.get("dtype", "float32")
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise PayloadError(422, f"dtype must be one of {', '.join(DTYPES)}, got {_show(dtype)}")
+        raise RequestRefused(422, f"dtype must be one of {', '.join(DTYPES)}, got {_show(dtype)}")
     integral = DTYPES[dtype].kind == "i"
     low, high = (_INT32.min, _INT32.max) if integral else (-_FLOAT32_MAX, _FLOAT32_MAX)
     values = document["values"]
@@ -181,10 +129,10 @@ def parse_json(body: bytes) -> Vector:
     for index, value in enumerate(values):
         # bool is an int; a true/false in a vector of numbers is a client bug.
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PayloadError(422, f"values[{index}] must be a number, got {_show(value)}")
+            raise RequestRefused(422, f"values[{index}] must be a number, got {_show(value)}")
         # Python ints have no size limit, so they are checked here, before any conversion.
         if isinstance(value, int) and not low <= value <= high:
-            raise PayloadError(422, f"values[{index}] = {_show(value)} {_range_text(dtype)}")
+            raise RequestRefused(422, f"values[{index}] = {_show(value)} {_range_text(dtype)}")
     vector = np.asarray(values, dtype=np.float64)
     if integral:
         return _check_int32(vector)
@@ -210,7 +158,7 @@ def _check_int32(values: Vector) -> Vector:
             problem = _range_text("int32")
         else:
             problem = "is not a whole number, as int32 values are"
-        raise PayloadError(422, f"values[{index}] = {_show(value)} {problem}")
+        raise RequestRefused(422, f"values[{index}] = {_show(value)} {problem}")
     return values.astype(np.int32)
 
 
@@ -218,11 +166,11 @@ def parse_binary(body: bytes, dtype_name: str) -> Vector:
     """Raw little-endian elements of `dtype_name` -> a validated vector over `body` (no copy)."""
     dtype = DTYPES.get(dtype_name)
     if dtype is None:
-        raise PayloadError(
+        raise RequestRefused(
             422, f"X-Dtype must be one of {', '.join(DTYPES)}, got {_show(dtype_name)}"
         )
     if len(body) % dtype.itemsize:
-        raise PayloadError(
+        raise RequestRefused(
             422, f"body has {len(body)} bytes, not a whole number of {dtype_name} elements"
         )
     _check_count(len(body) // dtype.itemsize)
@@ -231,9 +179,9 @@ def parse_binary(body: bytes, dtype_name: str) -> Vector:
 
 def _check_count(count: int) -> None:
     if count == 0:
-        raise PayloadError(422, "the vector is empty; send 1 or more values")
+        raise RequestRefused(422, "the vector is empty; send 1 or more values")
     if count > MAX_VALUES:
-        raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
+        raise RequestRefused(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
 
 
 def _check_values(values: Vector) -> Vector:
@@ -244,35 +192,22 @@ def _check_values(values: Vector) -> Vector:
         bad = ~(np.abs(values) <= _FLOAT32_MAX)  # NaN compares false: caught too
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
-        raise PayloadError(
+        raise RequestRefused(
             422, f"values[{index}] = {values[index].item()!r} is not a finite float32 number"
         )
     return values
 
 
 async def read_payload(request: Request) -> tuple[Vector, bool]:
-    """The request's vector and whether it came as binary; `PayloadError` when refused."""
+    """The request's vector and whether it came as binary; `RequestRefused` when refused."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in ("application/json", "application/octet-stream"):
-        raise PayloadError(
+        raise RequestRefused(
             415, f"Content-Type must be application/json or application/octet-stream, got {kind!r}"
         )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadError(413, f"body of {declared} bytes exceeds {MAX_BODY_BYTES} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise PayloadError(413, f"body exceeds {MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # A client going away is no server error, so no traceback; the server drops
-        # this answer, as nobody is left to read it.
-        raise PayloadError(400, "the client disconnected before the body was complete") from None
-    body = b"".join(chunks)
+    # Refused at once when declared too large, else counted as it arrives (never held
+    # whole past the limit); a client gone mid-body gets a 400 nobody reads, no traceback.
+    body = await read_body(request, MAX_BODY_BYTES)
     if kind == "application/json":
         return parse_json(body), False
     return parse_binary(body, request.headers.get("x-dtype", "float32")), True
@@ -394,7 +329,7 @@ class Transformer:
         for size, batcher in self.batchers:
             if count <= size:
                 return batcher
-        raise PayloadError(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
+        raise RequestRefused(413, f"the vector has {count} values; at most {MAX_VALUES} allowed")
 
     async def run(self, values: Vector) -> bytes:
         """The transform of `values` as float32 bytes."""
@@ -428,7 +363,7 @@ def create_app(backend: str = "auto", slots: int = 4, batch: int = 16) -> FastAP
         try:
             values, binary = await read_payload(request)
             result = await transformer.run(values)
-        except PayloadError as exc:
+        except RequestRefused as exc:
             raise HTTPException(exc.status, exc.detail) from None
         if binary:
             return Response(

@@ -27,7 +27,9 @@ def load_example() -> ModuleType:
 @asynccontextmanager
 async def serving(tmp_path: Path) -> AsyncIterator[tuple[ModuleType, Any, httpx.AsyncClient]]:
     example = load_example()
-    app = example.create_app("sim", tmp_path / "weights.safetensors", slots=2)
+    app = example.create_app(
+        "sim", tmp_path / "weights.safetensors", slots=2, generate_weights=True
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
@@ -99,18 +101,14 @@ async def test_a_wrong_model_is_caught_and_bad_requests_refused(tmp_path: Path) 
         assert reply.status_code == 422
 
 
-async def test_the_weights_file_is_checked(tmp_path: Path) -> None:
+async def test_the_weights_file_is_checked_when_the_app_is_made(tmp_path: Path) -> None:
     example = load_example()
     path = tmp_path / "weights.safetensors"
     import hrx_async as hrx
 
     hrx.write_safetensors(path, {"w1": np.zeros((48, 63), np.float32)})
-    app = example.create_app("sim", path)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
-        async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
-            with pytest.raises(hrx.MislabeledArtifact):
-                await client.post("/v1/classify", json={"images": np.ones((1, 3, 16, 16)).tolist()})
+    with pytest.raises(hrx.MislabeledArtifact, match="the model needs w1 f32"):
+        example.create_app("sim", path)
 
 
 def raw_request(pictures: np.ndarray[Any, Any]) -> dict[str, Any]:

@@ -5,28 +5,38 @@
     with lease as weights:
         w1 = weights["w1"]                     # a Tensor over its own device buffer
 
-The file format (read here with numpy, no extra package): an 8-byte little-endian header
-length N, N bytes of JSON mapping each tensor name to `{"dtype", "shape",
-"data_offsets": [begin, end]}` (offsets relative to the data after the header; an
-optional `__metadata__` of strings), then the raw little-endian bytes. Everything is
-checked before anything is allocated: a file shorter than its header or its data says
-(`TruncatedArtifact`), a tensor whose byte count disagrees with its dtype and shape, or
-whose dtype, shape or name differs from `expect` (`MislabeledArtifact`), and a header
-or tensor table larger than allowed or overlapping ranges (`OversizedArtifact`); all
-are `ArtifactError`, a `ContractError`. Loading goes through a `Residency`: it reserves
-the device bytes plus one staging buffer at peak and keeps the device bytes resident.
+The file format: an 8-byte little-endian header length N, N bytes of JSON mapping each
+tensor name to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the
+data after the header, the tensors covering it exactly; an optional `__metadata__` of
+strings), then the raw little-endian bytes. Files are read and written by the
+`safetensors` package, the format's reference implementation (the `models` extra:
+`pip install "hrx-async[models]"`; without it `BackendUnavailable`). It is imported only
+when a file is read or written, so `import hrx_async` needs only numpy and anyio.
+
+A file must satisfy both safetensors and the stricter rules kept here: no key appears
+twice, a tensor has exactly dtype, shape and data_offsets, its dtype is one the runtime
+holds, and the header stays within `max_header_bytes` and what `max_tensors` tensors
+need. Everything is checked before anything is allocated: a file shorter than its header
+or its data says so (`TruncatedArtifact`); a tensor whose byte count disagrees with its
+dtype and shape, or whose dtype, shape or name differs from `expect`, or a header that
+breaks the format (`MislabeledArtifact`); a header or tensor table larger than allowed,
+or overlapping tensors (`OversizedArtifact`); a path that is missing, unreadable or not a
+regular file (`UnreadableArtifact`, raised before the file is read, so a FIFO never
+blocks). All are `ArtifactError`, a `ContractError`. The file is read on worker threads;
+cancelling a load returns at once. Loading goes through a `Residency`: it reserves the
+device bytes plus one staging buffer at peak and keeps the device bytes resident.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
+import functools
 import os
+import secrets
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -36,48 +46,33 @@ from ..errors import ContractError
 from ..memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement
 from ..runtime import Runtime
 from . import _check
+from ._format import (
+    DELIMITERS_PER_TENSOR,
+    FILE_NAMES,
+    INSTALL,
+    MAX_HEADER_BYTES,
+    MAX_TENSORS,
+    METADATA,
+    ArtifactError,
+    MislabeledArtifact,
+    OversizedArtifact,
+    TensorEntry,
+    TruncatedArtifact,
+    UnreadableArtifact,
+    check_delimiters,
+    check_table,
+    descriptor_name,
+    file_path,
+    identity,
+    limits,
+    open_regular,
+    pread,
+    safetensors_package,
+)
 from .residency import Lease, Residency, free_buffers
 from .tensor import DType, Tensor, TensorDesc
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-"""The largest JSON header accepted (the format's own limit)."""
-
-_FILE_DTYPES = {
-    "U8": DType.U8,
-    "F16": DType.F16,
-    "BF16": DType.BF16,
-    "I32": DType.I32,
-    "U32": DType.U32,
-    "F32": DType.F32,
-    "I64": DType.I64,
-}
-_FILE_NAMES = {v: k for k, v in _FILE_DTYPES.items()}
-
-
-class ArtifactError(ContractError):
-    """A model artifact breaks its format or disagrees with what was expected."""
-
-
-class TruncatedArtifact(ArtifactError):
-    """The file ends before its header or its tensor data does."""
-
-
-class MislabeledArtifact(ArtifactError):
-    """A tensor's dtype, shape or byte count is not what the header or the caller says."""
-
-
-class OversizedArtifact(ArtifactError):
-    """The header, or the data it describes, is larger than the file or the allowed size."""
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One tensor of a safetensors file: its descriptor and byte range in the file."""
-
-    name: str
-    desc: TensorDesc
-    start: int
-    end: int
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +81,9 @@ class SafetensorsHeader:
     entries: dict[str, TensorEntry]
     metadata: dict[str, str]
     data_start: int
+    identity: tuple[int, ...] = ()
+    """(device, inode, size, mtime) of the file the header was read from; data reads check
+    that they see the same file."""
 
     @property
     def nbytes(self) -> int:
@@ -93,75 +91,58 @@ class SafetensorsHeader:
 
 
 def read_safetensors_header(
-    path: str | os.PathLike[str], max_header_bytes: int = MAX_HEADER_BYTES
+    path: str | os.PathLike[str],
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    *,
+    max_tensors: int = MAX_TENSORS,
 ) -> SafetensorsHeader:
-    """Read and check a safetensors file's header (not its data); raises `ArtifactError`."""
-    path = Path(path)
-    size = path.stat().st_size
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        if len(prefix) < 8:
-            raise TruncatedArtifact(f"{path}: {size} bytes, shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > max_header_bytes:
-            raise OversizedArtifact(f"{path}: a {length}-byte header exceeds {max_header_bytes}")
-        if 8 + length > size:
-            raise TruncatedArtifact(
-                f"{path}: the header needs {length} bytes, the file has {size - 8}"
-            )
-        raw = file.read(length)
+    """Read and check a safetensors file's header (not its data); raises `ArtifactError`.
+
+    Blocking: from async code use `load_safetensors`, or call this on a worker thread."""
+    where = file_path(path)
+    limit, most = limits(max_header_bytes, max_tensors)
+    package = safetensors_package()
+    fd, info = open_regular(where)
     try:
-        table = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MislabeledArtifact(f"{path}: the header is not JSON ({exc})") from None
-    if not isinstance(table, dict):
-        raise MislabeledArtifact(f"{path}: the header is not a JSON object")
-    metadata = table.pop("__metadata__", {}) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise MislabeledArtifact(f"{path}: __metadata__ must map strings to strings")
-    data = size - 8 - length
-    entries: dict[str, TensorEntry] = {}
-    for name, info in table.items():
-        entries[name] = _entry(path, name, info, data)
-    ranges = sorted((e.start, e.end, e.name) for e in entries.values() if e.end > e.start)
-    for (_, end, first), (start, _, second) in itertools.pairwise(ranges):
-        if start < end:
-            raise OversizedArtifact(f"{path}: tensors {first!r} and {second!r} overlap")
-    return SafetensorsHeader(path, entries, dict(metadata), 8 + length)
+        return _read_header(package, fd, info, where, limit, most)
+    finally:
+        os.close(fd)
 
 
-def _entry(path: Path, name: str, info: object, data: int) -> TensorEntry:
-    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-        raise MislabeledArtifact(f"{path}: {name!r} needs exactly dtype, shape, data_offsets")
-    dtype = _FILE_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
-    if dtype is None:
-        allowed = ", ".join(_FILE_DTYPES)
-        raise MislabeledArtifact(
-            f"{path}: {name!r} has dtype {info['dtype']!r}; allowed: {allowed}"
-        )
-    shape, offsets = info["shape"], info["data_offsets"]
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise MislabeledArtifact(f"{path}: {name!r} has shape {shape!r}")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int and o >= 0 for o in offsets)
-        and offsets[0] <= offsets[1]
-    ):
-        raise MislabeledArtifact(f"{path}: {name!r} has data_offsets {offsets!r}")
-    desc = TensorDesc(dtype, shape)
-    start, end = offsets
-    if end - start != desc.nbytes:
-        raise MislabeledArtifact(
-            f"{path}: {name!r} is {desc} ({desc.nbytes} bytes) but spans {end - start} bytes"
-        )
-    if end > data:
-        raise TruncatedArtifact(
-            f"{path}: {name!r} ends at data byte {end}; the file holds {data} data bytes"
-        )
-    return TensorEntry(name, desc, start, end)
+def _read_header(
+    package: Any, fd: int, info: os.stat_result, path: Path, limit: int, most: int
+) -> SafetensorsHeader:
+    size = info.st_size
+    prefix = pread(fd, 8, 0, path)
+    if len(prefix) < 8:
+        raise TruncatedArtifact(f"{path}: {size} bytes, shorter than the 8-byte header length")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > limit:
+        raise OversizedArtifact(f"{path}: a {length}-byte header exceeds {limit} bytes")
+    if 8 + length > size:
+        raise TruncatedArtifact(f"{path}: the header needs {length} bytes, the file has {size - 8}")
+    raw = pread(fd, length, 8, path)
+    if len(raw) < length:
+        raise TruncatedArtifact(f"{path}: the file was cut short while its header was read")
+    # Parsing costs time and memory for every JSON value, safetensors' parser too.
+    check_delimiters(raw, path, most)
+    data_bytes = size - 8 - length
+    try:
+        with package.safe_open(descriptor_name(fd, path), framework="numpy") as file:
+            slices = {name: file.get_slice(name) for name in file.keys()}  # noqa: SIM118
+            seen = {name: (s.get_dtype(), tuple(s.get_shape())) for name, s in slices.items()}
+    except Exception as exc:
+        # The reference refused the file: the checks below say why in our terms, or else
+        # in its own words.
+        check_table(raw, path, data_bytes, most)
+        raise MislabeledArtifact(f"{path}: not a valid safetensors file: {exc}") from None
+    if len(seen) > most:
+        raise OversizedArtifact(f"{path}: {len(seen)} tensors, more than max_tensors={most}")
+    entries, metadata = check_table(raw, path, data_bytes, most)
+    ours = {name: (FILE_NAMES[e.desc.dtype], e.desc.shape) for name, e in entries.items()}
+    if ours != seen:
+        raise MislabeledArtifact(f"{path}: the header reads differently in safetensors")
+    return SafetensorsHeader(path, entries, metadata, 8 + length, identity(info))
 
 
 def write_safetensors(
@@ -169,31 +150,113 @@ def write_safetensors(
     tensors: Mapping[str, Any],
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write numpy arrays (bf16 as `(uint16 bits, "bf16")` pairs) as a safetensors file."""
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    blobs: list[bytes] = []
-    offset = 0
-    for name, value in tensors.items():
-        array, dtype = value if isinstance(value, tuple) else (value, None)
-        array = np.ascontiguousarray(array)
-        kind = DType.of(dtype) if dtype is not None else DType.of(array.dtype)
-        blob = array.astype(kind.numpy.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {
-            "dtype": _FILE_NAMES[kind],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        blobs.append(blob)
-        offset += len(blob)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with Path(path).open("wb") as file:
-        file.write(struct.pack("<Q", len(raw)))
-        file.write(raw)
-        for blob in blobs:
-            file.write(blob)
+    """Write numpy arrays (bf16 as `(uint16 bits, "bf16")` pairs) as a safetensors file.
+
+    Whatever `read_safetensors_header` would refuse is refused here (`ContractError`),
+    and the file appears whole or not at all (written beside it, then renamed)."""
+    where = file_path(path)
+    if not isinstance(tensors, Mapping):
+        raise ContractError(f"tensors must map names to arrays, got {_check.shown(tensors)}")
+    meta = _checked_metadata(metadata)
+    arrays = {name: _file_array(name, value) for name, value in tensors.items()}
+    if len(arrays) > MAX_TENSORS:
+        raise ContractError(f"{len(arrays)} tensors, more than a reader takes ({MAX_TENSORS})")
+    if where.is_dir() or (where.exists() and not where.is_file()):
+        raise ContractError(f"{where} exists and is not a regular file")
+    if not where.parent.is_dir():
+        raise ContractError(f"{where}: no such directory {str(where.parent)!r}")
+    package = safetensors_package()
+    specs = {name: _spec(package, kind, array) for name, (kind, array) in arrays.items()}
+    # Created with the usual permissions (the umask's), unlike a tempfile.mkstemp file.
+    partial = where.with_name(f".{where.name}.{secrets.token_hex(6)}.partial")
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        package.serialize_file(specs, os.fspath(partial), metadata=meta)
+        try:
+            read_safetensors_header(partial)
+        except ArtifactError as exc:
+            raise ContractError(f"{where}: the file would not be readable: {exc}") from None
+        os.replace(partial, where)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _checked_metadata(metadata: object) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise ContractError(f"metadata must map strings to strings, got {_check.shown(metadata)}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ContractError(
+                f"metadata must map strings to strings; {_check.shown(key)}: "
+                f"{_check.shown(value)} is not (convert numbers with str())"
+            )
+        _utf8(key, "a metadata key")
+        _utf8(value, "a metadata value")
+    return dict(metadata) or None
+
+
+def _utf8(text: str, what: str) -> None:
+    # The header is UTF-8 JSON; a lone surrogate has no UTF-8 form.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ContractError(f"{what} {_check.shown(text)} is not valid Unicode text") from None
+
+
+def _file_array(name: object, value: object) -> tuple[DType, np.ndarray[Any, Any]]:
+    if not isinstance(name, str):
+        raise ContractError(f"a tensor name must be a str, got {_check.shown(name)}")
+    if name == METADATA:
+        raise ContractError(f"{METADATA!r} names the header's metadata, not a tensor")
+    _utf8(name, "a tensor name")
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ContractError(
+                f"{name!r}: give an array or (array, dtype), got a {len(value)}-tuple"
+            )
+        array, dtype = value
+    else:
+        array, dtype = value, None
+    try:
+        array = np.asarray(array)
+    except (ValueError, TypeError) as exc:
+        raise ContractError(f"{name!r} is not an array: {exc}") from None
+    kind = DType.of(dtype if dtype is not None else array.dtype)
+    if kind is DType.BF16 and array.dtype != np.uint16:
+        raise ContractError(
+            f"{name!r}: bf16 values are given as their uint16 bits (bf16_from_f32), "
+            f"not {array.dtype}"
+        )
+    return kind, _cast(name, array, kind.numpy)
+
+
+def _cast(name: str, array: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """`array` as little-endian `dtype`, refusing casts that would change its values' kind
+    (floats into integers) or wrap integers that do not fit."""
+    integral = "biu"
+    fits = array.dtype.kind in integral or (array.dtype.kind == "f" and dtype.kind == "f")
+    if not fits:
+        raise ContractError(f"{name!r}: {array.dtype} values cannot be stored as {dtype}")
+    if dtype.kind in "iu" and array.size and array.dtype != dtype:
+        bounds = np.iinfo(dtype)
+        if array.min() < bounds.min or array.max() > bounds.max:
+            raise ContractError(
+                f"{name!r}: values outside {dtype}'s range {bounds.min}..{bounds.max}"
+            )
+    little = dtype.newbyteorder("<")
+    return np.ascontiguousarray(array.astype(little, copy=False))
+
+
+def _spec(package: Any, kind: DType, array: np.ndarray[Any, Any]) -> Any:
+    dtype = "bfloat16" if kind is DType.BF16 else array.dtype.name
+    shape = list(array.shape)
+    spec = getattr(package, "TensorSpec", None)
+    if spec is None:  # safetensors before 0.8 takes the bytes themselves
+        return {"dtype": dtype, "shape": shape, "data": array.tobytes()}
+    # `array` outlives the call: the caller keeps it in `arrays`.
+    return spec(dtype=dtype, shape=shape, data_ptr=array.ctypes.data, data_len=array.nbytes)
 
 
 class Weights(Mapping[str, Tensor]):
@@ -221,7 +284,27 @@ class Weights(Mapping[str, Tensor]):
         return len(self.tensors)
 
 
-def _check_expected(header: SafetensorsHeader, expect: Mapping[str, Any] | None) -> None:
+def _expected(expect: object) -> dict[str, tuple[DType, tuple[int, ...]]] | None:
+    """`expect` as {name: (DType, shape)}; ContractError naming what is wrong with it."""
+    if expect is None:
+        return None
+    if not isinstance(expect, Mapping):
+        raise ContractError(f"expect must map names to (dtype, shape), got {_check.shown(expect)}")
+    wanted: dict[str, tuple[DType, tuple[int, ...]]] = {}
+    for name, item in expect.items():
+        if not isinstance(name, str) or not isinstance(item, tuple | list) or len(item) != 2:
+            raise ContractError(
+                f"expect maps each name to (dtype, shape), got {_check.shown(name)}: "
+                f"{_check.shown(item)}"
+            )
+        desc = TensorDesc(item[0], item[1])  # checks the dtype and the shape
+        wanted[name] = (desc.dtype, desc.shape)
+    return wanted
+
+
+def _check_expected(
+    header: SafetensorsHeader, expect: Mapping[str, tuple[DType, tuple[int, ...]]] | None
+) -> None:
     if expect is None:
         return
     missing = sorted(set(expect) - set(header.entries))
@@ -230,10 +313,17 @@ def _check_expected(header: SafetensorsHeader, expect: Mapping[str, Any] | None)
         raise MislabeledArtifact(f"{header.path}: missing tensors {missing}, unexpected {extra}")
     for name, (dtype, shape) in expect.items():
         desc = header.entries[name].desc
-        if desc.dtype is not DType.of(dtype) or desc.shape != tuple(shape):
+        if desc.dtype is not dtype or desc.shape != shape:
             raise MislabeledArtifact(
-                f"{header.path}: {name!r} is {desc}, expected {DType.of(dtype).value}{list(shape)}"
+                f"{header.path}: {name!r} is {desc}, expected {dtype.value}{list(shape)}"
             )
+
+
+async def _in_thread(function: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    # Abandoned on cancellation: the call closes what it opened whenever it ends, and a
+    # timeout around the load does not wait for a slow disk.
+    call = functools.partial(function, *args, **kwargs)
+    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
 
 
 async def load_safetensors(
@@ -246,15 +336,30 @@ async def load_safetensors(
     *,
     wait: bool = False,
     timeout: float | None = None,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    max_tensors: int = MAX_TENSORS,
 ) -> Lease[Weights]:
     """A lease on the file's tensors resident in `placement` buffers, loaded when missing.
 
     `expect` maps each tensor name to (dtype, shape); the file must match it exactly.
-    Empty tensors are refused (a buffer holds at least one byte)."""
+    Empty tensors are refused (a buffer holds at least one byte). Bad arguments raise
+    `ContractError` before the file is touched."""
+    if not isinstance(runtime, Runtime):
+        raise ContractError(f"runtime must be a Runtime, got {_check.shown(runtime)}")
+    if not isinstance(residency, Residency):
+        raise ContractError(f"residency must be a Residency, got {_check.shown(residency)}")
+    key = _check.key(key, "weights key")
+    where = file_path(path)
     if not isinstance(placement, Placement):
         raise ContractError(f"placement must be a Placement, got {_check.shown(placement)}")
-    header = await anyio.to_thread.run_sync(read_safetensors_header, path)
-    _check_expected(header, expect)
+    wanted = _expected(expect)
+    if not isinstance(wait, bool):
+        raise ContractError(f"wait must be True or False, got {_check.shown(wait)}")
+    timeout = _check.timeout(timeout)
+    limit, most = limits(max_header_bytes, max_tensors)
+    safetensors_package()
+    header = await _in_thread(read_safetensors_header, where, limit, max_tensors=most)
+    _check_expected(header, wanted)
     if not header.entries:
         raise MislabeledArtifact(f"{header.path}: holds no tensors")
     empty = [e.name for e in header.entries.values() if e.end == e.start]
@@ -269,7 +374,7 @@ async def load_safetensors(
         try:
             for entry in header.entries.values():
                 nbytes = entry.end - entry.start
-                data = await anyio.to_thread.run_sync(_read_range, header, entry)
+                data = await _in_thread(_read_range, header, entry)
                 buffer = runtime.allocate(nbytes, placement, f"{key}:{entry.name}")
                 tensors[entry.name] = Tensor(entry.desc, buffer.view())
                 await _upload(runtime, buffer, data, staged)
@@ -285,10 +390,15 @@ async def load_safetensors(
 
 
 def _read_range(header: SafetensorsHeader, entry: TensorEntry) -> bytes:
-    with header.path.open("rb") as file:
-        file.seek(header.data_start + entry.start)
-        data = file.read(entry.end - entry.start)
-    if len(data) != entry.end - entry.start:
+    fd, info = open_regular(header.path)
+    try:
+        if header.identity and identity(info) != header.identity:
+            raise UnreadableArtifact(f"{header.path}: the file changed since its header was read")
+        size = entry.end - entry.start
+        data = pread(fd, size, header.data_start + entry.start, header.path)
+    finally:
+        os.close(fd)
+    if len(data) != size:
         raise TruncatedArtifact(f"{header.path}: {entry.name!r} was cut short while reading")
     return data
 
@@ -311,14 +421,20 @@ async def _upload(runtime: Runtime, buffer: Buffer, data: bytes, staged: bool) -
 
 
 __all__ = [
+    "DELIMITERS_PER_TENSOR",
+    "INSTALL",
+    "MAX_HEADER_BYTES",
+    "MAX_TENSORS",
     "ArtifactError",
     "MislabeledArtifact",
     "OversizedArtifact",
     "SafetensorsHeader",
     "TensorEntry",
     "TruncatedArtifact",
+    "UnreadableArtifact",
     "Weights",
     "load_safetensors",
     "read_safetensors_header",
+    "safetensors_package",
     "write_safetensors",
 ]

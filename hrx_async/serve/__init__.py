@@ -3,6 +3,9 @@
 * `RuntimeService` (`asgi`): an ASGI app's lifespan opens one runtime and drains it at
   shutdown; FastAPI dependencies hand it out; `/healthz`, `/stats` and `/metrics` report it.
 * `prometheus_text` (`metrics`): the runtime's counters in the Prometheus text format.
+* `read_body` and `load_json` (`body`): request bodies within a size limit, counted as
+  they stream in, and JSON within a nesting depth; refusals are `RequestRefused` with the
+  HTTP status to answer (400 malformed, 413 too large, 422 well-formed but not taken).
 * `hrx_async.serve.ray`: the same app on Ray Serve, one runtime per replica and one
   replica per GPU, across the machines of a Ray cluster. It needs the `ray` extra and is
   imported only when asked for, so `import hrx_async.serve` never loads Ray.
@@ -12,15 +15,20 @@ FastAPI and Starlette are imported only when an app is built or routes are added
 """
 
 from .asgi import Health, HealthState, RuntimeService, ShutdownReport, logger, runtime_threads
+from .body import RequestRefused, json_depth, load_json, read_body
 from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
     "Health",
     "HealthState",
+    "RequestRefused",
     "RuntimeService",
     "ShutdownReport",
+    "json_depth",
+    "load_json",
     "logger",
     "prometheus_text",
+    "read_body",
     "runtime_threads",
 ]
