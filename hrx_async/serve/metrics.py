@@ -6,7 +6,12 @@ metrics of a replica (`hrx_async.serve.ray`) name every counter the same way.
 
 from __future__ import annotations
 
+import re
+
+from ..errors import ContractError
 from ..stats import FIELD_NAMES, Statistics
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -39,7 +44,12 @@ HEALTHY_HELP = "1 while the runtime can run work, else 0."
 def prometheus_text(
     statistics: Statistics, healthy: bool | None = None, prefix: str = METRIC_PREFIX
 ) -> str:
-    """The counters in the Prometheus text exposition format (counters end in `_total`)."""
+    """The counters in the Prometheus text exposition format (counters end in `_total`).
+
+    `prefix` must make valid metric names (`[a-zA-Z_:][a-zA-Z0-9_:]*`), else `ContractError`.
+    """
+    if not isinstance(prefix, str) or not _METRIC_NAME.fullmatch(prefix + "x"):
+        raise ContractError(f"metric prefix must match [a-zA-Z_:][a-zA-Z0-9_:]*, got {prefix!r}")
     lines: list[str] = []
     values = statistics.to_dict()
     for name in FIELD_NAMES:
