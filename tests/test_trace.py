@@ -1,11 +1,14 @@
 """Trace recording, the Chrome trace format, round trips and lane overlap."""
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+import hrx_async as hrx
 from hrx_async.errors import ContractError
 from hrx_async.lanes.lane import Lane
 from hrx_async.trace import ExecutionTrace, TraceEvent, TraceRecorder
@@ -207,3 +210,31 @@ def test_overlap_with_one_long_interval_spanning_many() -> None:
 def test_lanes_lists_appearing_lanes_in_order() -> None:
     assert sample_trace().lanes == (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD)
     assert ExecutionTrace(events=()).lanes == ()
+
+
+@pytest.mark.anyio
+async def test_a_skipped_region_leaves_no_event_in_the_trace() -> None:
+    """Two submissions of a host region; the second is cancelled while the first runs: the
+    function ran once, so the trace holds one event for it."""
+    ran: list[int] = []
+
+    def slow(memory: Any) -> None:
+        ran.append(1)
+        time.sleep(0.2)
+
+    async with hrx.Runtime(backend="sim", npu=None) as rt:
+        h = rt.allocate(64, hrx.HOST_VISIBLE)
+        g = rt.graph("slow")
+        g.host(slow, [(h.view(), hrx.Access.WRITE)])
+        prepared = g.prepare()
+        rt.start_trace()
+        first = prepared.submit()
+        second = prepared.submit()
+        await anyio.sleep(0.05)
+        second.cancel()
+        await first
+        with pytest.raises(hrx.Cancelled):
+            await second
+        trace = rt.finish_trace()
+    assert ran == [1]
+    assert len([e for e in trace.events if e.graph == "slow"]) == 1
