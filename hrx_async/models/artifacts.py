@@ -131,6 +131,8 @@ def _read_header(
         with package.safe_open(descriptor_name(fd, path), framework="numpy") as file:
             slices = {name: file.get_slice(name) for name in file.keys()}  # noqa: SIM118
             seen = {name: (s.get_dtype(), tuple(s.get_shape())) for name, s in slices.items()}
+    except OSError as exc:
+        raise UnreadableArtifact(f"{path}: safetensors cannot open it: {exc}") from None
     except Exception as exc:
         # The reference refused the file: the checks below say why in our terms, or else
         # in its own words.
