@@ -385,7 +385,8 @@ def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
 def images_from(payload: Any) -> np.ndarray[Any, Any]:
     """`{"images": [...]}` as float32 [n, 3, 16, 16]; ValueError naming what is wrong."""
     if not isinstance(payload, dict) or "images" not in payload:
-        raise ValueError(f"{IMAGES_USAGE}, got a JSON {type(payload).__name__} without it")
+        kinds = {dict: 'an object without "images"', list: "an array", str: "a string"}
+        raise ValueError(f"{IMAGES_USAGE}, got {kinds.get(type(payload), 'a lone value')}")
     try:
         # Objects first: numpy would turn strings and booleans into numbers.
         cells = np.asarray(payload["images"], dtype=object)
