@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +45,11 @@ class RequestRefused(HrxError):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+
+
+def media_type(headers: Mapping[str, str], default: str = "") -> str:
+    """The Content-Type of `headers` without its parameters, in lower case."""
+    return headers.get("content-type", default).split(";")[0].strip().lower()
 
 
 def _shown(text: str, limit: int = 40) -> str:
@@ -170,5 +176,6 @@ __all__ = [
     "declared_length",
     "json_depth",
     "load_json",
+    "media_type",
     "read_body",
 ]
