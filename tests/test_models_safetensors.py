@@ -341,6 +341,11 @@ async def test_bad_arguments_are_contract_errors_and_change_nothing(tmp_path: Pa
             hrx.read_safetensors_header(bad)  # type: ignore[arg-type]
     with pytest.raises(hrx.ContractError):
         hrx.read_safetensors_header(path, "1000")  # type: ignore[arg-type]
+    with pytest.raises(hrx.ContractError):
+        hrx.read_safetensors_header(path, expect={"w": ("f32", None)})
+    with pytest.raises(hrx.MislabeledArtifact, match=r"'w' is f32\[2, 3\], expected f32\[3, 2\]"):
+        hrx.read_safetensors_header(path, expect={"w": ("f32", (3, 2))})
+    assert hrx.read_safetensors_header(path, expect={"w": (np.float32, [2, 3])}).entries
     assert path.read_bytes() == before
 
 
