@@ -39,11 +39,9 @@ the image kernels by shape in `ImageOps`' own cache, so a repeated shape prepare
 nothing. GET /v1/model/stats shows the layer's counters; /healthz, /stats and /metrics
 come from `RuntimeService`.
 
-Refusals follow examples/service.py: 400 for a malformed request (a body that is not
-JSON, a Content-Length that is no number), 413 for one too large (refused from its
-Content-Length at once, or as soon as the bytes streamed in pass the route's limit),
-415 for a content type the route does not take, 422 for well-formed input it cannot
-use (wrong shape, numbers that are no finite float32, nesting deeper than the images).
+Refusals follow examples/service.py (`hrx_async.serve.body`): 400 malformed (not JSON),
+413 too large (from the Content-Length at once, or as the body streams in), 415 a content
+type the route does not take, 422 well-formed but unusable (shape, non-finite numbers).
 
 Run it:  python examples/model_server.py --generate-weights --port 8000 [--backend sim|cuda|auto]
 Exit status: 0, 1 (the weights or the backend cannot be used), 64 (usage).
@@ -56,8 +54,8 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
@@ -67,7 +65,7 @@ from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
 from hrx_async.image import ImageOps
-from hrx_async.serve import RequestRefused, RuntimeService, load_json, read_body
+from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
 
 C, H, W, P = 3, 16, 16, 4
 CELLS = (H // P) * (W // P)
@@ -106,22 +104,10 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-def write_weights(path: Path) -> Path:
+def write_weights(path: Path) -> None:
     """Write the deterministic weights to `path` (whole or not at all)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     hrx.write_safetensors(path, make_weights(), metadata={"model": "patch-mlp"})
-    return path
-
-
-def check_weights(path: Path) -> None:
-    """The file must hold this model's tensors; `hrx.ArtifactError` says why not."""
-    header = hrx.read_safetensors_header(path)
-    wanted = {name: hrx.TensorDesc(dtype, shape) for name, (dtype, shape) in EXPECT.items()}
-    found = {name: entry.desc for name, entry in header.entries.items()}
-    if found != wanted:
-        shown = ", ".join(f"{name} {desc}" for name, desc in sorted(found.items())) or "none"
-        expected = ", ".join(f"{name} {desc}" for name, desc in wanted.items())
-        raise hrx.MislabeledArtifact(f"{path}: holds {shown}; the model needs {expected}")
 
 
 def patchify(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -365,10 +351,8 @@ async def build_image_plan(
 
 
 def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
-    """A request body as float32 images [n, 3, 16, 16] (runs on a worker thread).
-
-    ValueError when the images are unusable (422), RequestRefused when the body is not
-    JSON (400) or nests deeper than images do (422)."""
+    """A request body as float32 images [n, 3, 16, 16] (runs on a worker thread); else
+    ValueError (422), or RequestRefused (400 not JSON, 422 nesting deeper than images)."""
     if kind == OCTETS:
         if not body or len(body) % (C * H * W * 4):
             raise ValueError(f"{len(body)} bytes is not a whole number of {C}x{H}x{W} f32 images")
@@ -385,16 +369,12 @@ def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
 def images_from(payload: Any) -> np.ndarray[Any, Any]:
     """`{"images": [...]}` as float32 [n, 3, 16, 16]; ValueError naming what is wrong."""
     if not isinstance(payload, dict) or "images" not in payload:
-        raise ValueError(f"{IMAGES_USAGE}, got a JSON {type(payload).__name__} without it")
-    try:
-        # Objects first: numpy would turn strings and booleans into numbers.
-        cells = np.asarray(payload["images"], dtype=object)
-    except ValueError:
-        raise ValueError(f"images must be n x {C} x {H} x {W} (rows of equal length)") from None
-    if cells.ndim != 4 or cells.shape[1:] != (C, H, W) or not 1 <= cells.shape[0] <= MAX_BATCH:
-        raise ValueError(
-            f"images must be n x {C} x {H} x {W} (n 1..{MAX_BATCH}), got {list(cells.shape)}"
-        )
+        kinds = {dict: 'an object without "images"', list: "an array", str: "a string"}
+        raise ValueError(f"{IMAGES_USAGE}, got {kinds.get(type(payload), 'a lone value')}")
+    # Objects first: numpy would turn strings and booleans into numbers.
+    cells = np.asarray(payload["images"], dtype=object)
+    if cells.ndim != 4 or cells.shape[1:] != (C, H, W) or cells.shape[0] < 1:
+        raise ValueError(f"images must be n x {C} x {H} x {W}, got {list(cells.shape)}")
     if not all(type(v) in (int, float) for v in cells.flat):
         raise ValueError("images must hold numbers only (no strings, booleans or null)")
     try:
@@ -531,20 +511,30 @@ def default_weights_path() -> Path:
 
 
 def prepare_weights(weights: Path | None, generate: bool = False) -> Path:
-    """The checked weights file: `weights`, or the default path; written first when
-    `generate` is set and no file is there. `hrx.ArtifactError` when it cannot be used
-    (`UnreadableArtifact` saying "no such file" when it is missing)."""
+    """The checked weights file (`weights` or the default), written first if `generate` is
+    set and it is missing; `hrx.ArtifactError` when it cannot be used ("no such file")."""
     path = weights if weights is not None else default_weights_path()
     if generate and not path.exists():
         logger.info("writing the generated weights to %s", path)
         write_weights(path)
-    check_weights(path)
+    hrx.read_safetensors_header(path, expect=EXPECT)  # this model's tensors, or why not
     logger.info("weights: %s", path)
     return path
 
 
-def refused(exc: RequestRefused) -> HTTPException:
-    return HTTPException(exc.status, exc.detail)
+@contextmanager
+def answered() -> Iterator[None]:
+    """Each refusal a request may meet as its HTTP answer (see the module's docstring)."""
+    try:
+        yield
+    except RequestRefused as exc:
+        raise HTTPException(exc.status, exc.detail) from None
+    except hrx.Busy as exc:
+        raise HTTPException(503, str(exc)) from None
+    except TooLarge as exc:
+        raise HTTPException(413, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 def create_app(
@@ -553,9 +543,8 @@ def create_app(
     slots: int = 2,
     generate_weights: bool = False,
 ) -> FastAPI:
-    """The app serving the model in `weights` (default: `default_weights_path()`), checked
-    here, so a missing or bad file fails now rather than on every request; with
-    `generate_weights`, a missing file is written with the example's weights first."""
+    """The app serving `weights` (see `prepare_weights`), checked now: a missing or bad file
+    fails here, not on every request."""
     path = prepare_weights(weights, generate_weights)
     service: RuntimeService[ModelServer] = RuntimeService(
         lambda rt: ModelServer(rt, path, slots), backend=backend
@@ -581,19 +570,13 @@ def create_app(
     async def classify(
         request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
     ) -> JSONResponse:
-        kind = media_type(request, JSON)
+        kind = media_type(request.headers, JSON)
         if kind not in (JSON, OCTETS):
             raise HTTPException(415, f"send images as {JSON} or {OCTETS}, not {kind!r}")
         assert server.jobs is not None
-        try:
+        with answered():
             body = await read_body(request, MAX_CLASSIFY_BYTES)
             images = await server.jobs.run(decode, body, kind)
-        except RequestRefused as exc:
-            raise refused(exc) from None
-        except hrx.Busy as exc:
-            raise HTTPException(503, str(exc)) from None
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
         logits = await server.classify(images)
         return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
 
@@ -601,22 +584,14 @@ def create_app(
     async def classify_image(
         request: Request, server: Annotated[ModelServer, Depends(service.resources_dependency)]
     ) -> JSONResponse:
-        kind = media_type(request, "")
+        kind = media_type(request.headers, "")
         if kind != OCTETS:
             raise HTTPException(415, f"send raw u8 HWC pixels as {OCTETS}, not {kind!r}")
         shape, dtype = request.headers.get("x-image-shape"), request.headers.get("x-image-dtype")
         assert server.jobs is not None
-        try:
+        with answered():
             body = await read_body(request, MAX_IMAGE_BYTES)
             pictures = await server.jobs.run(decode_image, body, shape, dtype)
-        except RequestRefused as exc:
-            raise refused(exc) from None
-        except hrx.Busy as exc:
-            raise HTTPException(503, str(exc)) from None
-        except TooLarge as exc:
-            raise HTTPException(413, str(exc)) from None
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
         logits = await server.classify_image(pictures)
         return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
 
@@ -629,14 +604,8 @@ def create_app(
     return app
 
 
-def media_type(request: Request, default: str) -> str:
-    """The request's Content-Type without parameters, in lower case."""
-    return request.headers.get("content-type", default).split(";")[0].strip().lower()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve until interrupted. Exit status: 0, 1 (the weights or the backend cannot be
-    used), 64 (usage)."""
+    """Serve until interrupted; exit status 0, 1 (weights or backend unusable), 64 (usage)."""
     import uvicorn
 
     from hrx_async.backends import resolve
@@ -646,23 +615,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="model_server.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    backend = os.environ.get("HRX_BACKEND", "auto")
+    parser.add_argument("--backend", default=backend, choices=BACKENDS, help="GPU backend")
+    default = f"default: {default_weights_path()}, in $HRX_MODEL_DIR when set"
+    parser.add_argument("--weights", type=Path, help=f"safetensors file ({default})")
     parser.add_argument(
-        "--backend",
-        default=os.environ.get("HRX_BACKEND", "auto"),
-        choices=BACKENDS,
-        help="GPU backend (default: $HRX_BACKEND, else auto)",
-    )
-    parser.add_argument(
-        "--weights",
-        type=Path,
-        default=None,
-        help=f"safetensors file (default: {default_weights_path()}; $HRX_MODEL_DIR sets its "
-        "directory)",
-    )
-    parser.add_argument(
-        "--generate-weights",
-        action="store_true",
-        help="write the example's deterministic weights to the weights file if it is missing",
+        "--generate-weights", action="store_true", help="write the weights file if it is missing"
     )
     parser.add_argument("--slots", type=int, default=2, help="slots per batch size")
     args = parser.parse_args(argv)

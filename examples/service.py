@@ -44,7 +44,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
-from hrx_async.serve import RequestRefused, RuntimeService, load_json, read_body
+from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
 from hrx_async.slots import Batcher, Slot, SlotPool
 
 SCALE = 2.0
@@ -200,7 +200,7 @@ def _check_values(values: Vector) -> Vector:
 
 async def read_payload(request: Request) -> tuple[Vector, bool]:
     """The request's vector and whether it came as binary; `RequestRefused` when refused."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = media_type(request.headers)
     if kind not in ("application/json", "application/octet-stream"):
         raise RequestRefused(
             415, f"Content-Type must be application/json or application/octet-stream, got {kind!r}"

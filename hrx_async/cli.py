@@ -271,13 +271,16 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def trace_plot_command(args: argparse.Namespace) -> int:
-    from .plot import check_picture_path, load_timeline, plot_timeline
+    from .plot import check_picture_path, plot_timeline, read_trace_text, timeline_from_text
 
     try:
         check_picture_path(args.output)
+        # A trace argument naming no text file (a picture, a directory, a FIFO) is a
+        # usage error, as `run` says of its input files; a damaged trace is a failure.
+        text = read_trace_text(args.trace)
     except ContractError as exc:
         raise UsageError(str(exc)) from None
-    timeline = load_timeline(args.trace)
+    timeline = timeline_from_text(text, args.trace)
     plot_timeline(timeline, args.output, title=args.title or Path(args.trace).name)
     print(f"Timeline: {args.output} ({len(timeline.spans)} bars on {len(timeline.rows)} rows)")
     return EXIT_OK

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,11 +186,46 @@ def _sort_key(thread: tuple[str, str]) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.lstrip("-").isdigit() else (1, part) for part in thread)
 
 
+def read_trace_text(path: str | os.PathLike[str]) -> str:
+    """The text of a trace file. ContractError when `path` is not a regular file (checked
+    before reading, so a FIFO or device never blocks or streams forever) or not UTF-8
+    text; OSError when it cannot be opened or read (a missing file, say)."""
+    shown = repr(os.fspath(path))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(mode)
+            else "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode)
+            else "a device or other special file"
+        )
+        raise ContractError(f"{shown} is {kind}, not a regular file")
+    with os.fdopen(fd, "rb") as file:
+        data = file.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ContractError(
+            f"{shown} is not a trace: byte {exc.start} (0x{data[exc.start]:02x}) is not UTF-8 "
+            "text, and a trace is a JSON file (a picture or other binary file, perhaps)"
+        ) from None
+
+
+def timeline_from_text(text: str, shown: str = "the trace") -> Timeline:
+    """The timeline of a trace file's text (`shown` names it in errors)."""
+    return timeline_from_chrome(_parse_json(text, shown))
+
+
 def load_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a Chrome trace-event file (see the module's docstring) as a timeline."""
-    return timeline_from_chrome(
-        _parse_json(Path(path).read_text(encoding="utf-8"), os.fspath(path))
-    )
+    return timeline_from_text(read_trace_text(path), os.fspath(path))
 
 
 def plot_timeline(
@@ -297,5 +333,7 @@ __all__ = [
     "load_timeline",
     "picture_formats",
     "plot_timeline",
+    "read_trace_text",
     "timeline_from_chrome",
+    "timeline_from_text",
 ]

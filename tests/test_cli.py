@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from hrx_async.cli import build_parser, main
 from hrx_async.errors import ContractError
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hrx_async.lanes.lane import Lane
+from hrx_async.plot import load_timeline
 from hrx_async.runner import kernel_source
 from hrx_async.trace import ExecutionTrace, TraceEvent
 
@@ -548,6 +551,50 @@ def test_trace_plot_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     missing = tmp_path / "missing.json"
     assert main(["trace-plot", str(missing), "-o", str(tmp_path / "x.png")]) == EXIT_FAILURE
     assert main(["trace-plot", str(broken)]) == EXIT_USAGE  # no -o
+
+
+PNG_START = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+
+
+def test_trace_plot_of_a_picture_is_a_one_line_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")  # the output's suffix is checked first
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(PNG_START)
+    assert main(["trace-plot", str(picture), "-o", str(tmp_path / "out.png")]) == EXIT_USAGE
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("hrx-async trace-plot: error: ") and "is not UTF-8 text" in err
+    assert not (tmp_path / "out.png").exists()
+    with pytest.raises(ContractError, match="not a trace"):
+        load_timeline(picture)
+
+
+def test_trace_plot_refuses_what_is_no_regular_file_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    if not hasattr(os, "mkfifo") or not Path("/dev/zero").exists():
+        pytest.skip("needs POSIX device files and FIFOs")
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+
+    def writer_comes() -> None:
+        # Lets a reader blocked in open() go on; with no reader it fails and does nothing.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    late_writer = threading.Timer(1.0, writer_comes)
+    late_writer.daemon = True
+    late_writer.start()
+    try:
+        for name, kind in ((fifo, "a FIFO"), (tmp_path, "a directory"), ("/dev/zero", "a device")):
+            code = main(["trace-plot", str(name), "-o", str(tmp_path / "out.png")])
+            err = one_line(capsys.readouterr().err)
+            assert code == EXIT_USAGE, err
+            assert f"is {kind}" in err and "not a regular file" in err
+    finally:
+        late_writer.cancel()
 
 
 # -- the command itself ----------------------------------------------------------------------

@@ -265,6 +265,34 @@ async def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
         hrx.read_safetensors_header(fifo)
 
 
+async def test_a_cancelled_load_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    hrx.write_safetensors(path, {f"w{i}": np.full(256, i, np.float32) for i in range(8)})
+    async with hrx.Runtime("sim") as rt:
+        residency: hrx.Residency[Any] = hrx.Residency(1 << 20)
+        outcomes: set[str] = set()
+        # Cancelled at points from before the header is read to after the tensors are
+        # loaded; whichever it is, nothing stays allocated or reserved.
+        for tenths_of_ms in range(0, 400, 10):
+            leases: list[hrx.Lease[Any]] = []
+
+            async def load(into: list[hrx.Lease[Any]] = leases) -> None:
+                into.append(await hrx.load_safetensors(rt, residency, "k", path))
+
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(load)
+                    await anyio.sleep(tenths_of_ms / 10_000)
+                    scope.cancel()
+            outcomes.add("loaded" if leases else "cancelled")
+            for lease in leases:
+                lease.release()
+            await residency.clear()
+            assert residency.stats().reserved_bytes == 0 and residency.stats().resources == 0
+            assert rt.statistics().live_bytes == 0
+        assert "cancelled" in outcomes
+
+
 def test_what_is_no_regular_file_is_refused_by_kind(tmp_path: Path) -> None:
     with pytest.raises(UnreadableArtifact, match="is a directory, not a regular file"):
         hrx.read_safetensors_header(tmp_path)
@@ -313,6 +341,11 @@ async def test_bad_arguments_are_contract_errors_and_change_nothing(tmp_path: Pa
             hrx.read_safetensors_header(bad)  # type: ignore[arg-type]
     with pytest.raises(hrx.ContractError):
         hrx.read_safetensors_header(path, "1000")  # type: ignore[arg-type]
+    with pytest.raises(hrx.ContractError):
+        hrx.read_safetensors_header(path, expect={"w": ("f32", None)})
+    with pytest.raises(hrx.MislabeledArtifact, match=r"'w' is f32\[2, 3\], expected f32\[3, 2\]"):
+        hrx.read_safetensors_header(path, expect={"w": ("f32", (3, 2))})
+    assert hrx.read_safetensors_header(path, expect={"w": (np.float32, [2, 3])}).entries
     assert path.read_bytes() == before
 
 

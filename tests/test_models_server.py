@@ -107,7 +107,7 @@ async def test_the_weights_file_is_checked_when_the_app_is_made(tmp_path: Path) 
     import hrx_async as hrx
 
     hrx.write_safetensors(path, {"w1": np.zeros((48, 63), np.float32)})
-    with pytest.raises(hrx.MislabeledArtifact, match="the model needs w1 f32"):
+    with pytest.raises(hrx.MislabeledArtifact, match=r"missing tensors \['b1', 'b2', 'w2'\]"):
         example.create_app("sim", path)
 
 

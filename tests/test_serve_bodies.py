@@ -162,7 +162,10 @@ async def test_a_body_past_the_limit_is_refused_as_it_streams_in(
         (str(10**20), 413),
         (str(BIG), 413),
         ("9" * 5000, 413),
-        ("1e20", 400),
+        ("1e20", 413),  # too large, however it is written
+        ("inf", 413),
+        ("1e2", 400),
+        ("nan", 400),
         ("-1", 400),
         ("12abc", 400),
         ("", 400),
@@ -187,6 +190,11 @@ def test_declared_lengths() -> None:
     assert declared_length(["42, 42", "42"]) == 42
     assert declared_length(["0" * 30 + "7"]) == 7
     assert declared_length(["1" * 30]) == 2**64
+    assert declared_length(["100"], limit=100) == 100
+    for values, limit in ((["101"], 100), (["1e20"], 100), (["9" * 5000], 10**9)):
+        with pytest.raises(RequestRefused) as caught:
+            declared_length(values, limit)
+        assert caught.value.status == 413
     for bad in (["4 2"], ["+4"], ["４２"], ["42", "43"], ["1.0"]):
         with pytest.raises(RequestRefused) as caught:
             declared_length(bad)

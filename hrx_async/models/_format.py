@@ -226,6 +226,8 @@ def check_table(
             parse_int=_integer,
             parse_constant=_constant,
         )
+    except _RepeatedKey as exc:
+        raise MislabeledArtifact(f"{path}: the header is ambiguous: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         detail = "it nests too deep" if isinstance(exc, RecursionError) else str(exc)
         raise MislabeledArtifact(f"{path}: the header is not valid JSON ({detail})") from None

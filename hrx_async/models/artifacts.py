@@ -95,18 +95,23 @@ def read_safetensors_header(
     max_header_bytes: int = MAX_HEADER_BYTES,
     *,
     max_tensors: int = MAX_TENSORS,
+    expect: Mapping[str, tuple[Any, Any]] | None = None,
 ) -> SafetensorsHeader:
     """Read and check a safetensors file's header (not its data); raises `ArtifactError`.
 
+    `expect`, as for `load_safetensors`, maps each tensor name to (dtype, shape).
     Blocking: from async code use `load_safetensors`, or call this on a worker thread."""
     where = file_path(path)
     limit, most = limits(max_header_bytes, max_tensors)
+    wanted = _expected(expect)
     package = safetensors_package()
     fd, info = open_regular(where)
     try:
-        return _read_header(package, fd, info, where, limit, most)
+        header = _read_header(package, fd, info, where, limit, most)
     finally:
         os.close(fd)
+    _check_expected(header, wanted)
+    return header
 
 
 def _read_header(
@@ -131,6 +136,8 @@ def _read_header(
         with package.safe_open(descriptor_name(fd, path), framework="numpy") as file:
             slices = {name: file.get_slice(name) for name in file.keys()}  # noqa: SIM118
             seen = {name: (s.get_dtype(), tuple(s.get_shape())) for name, s in slices.items()}
+    except OSError as exc:
+        raise UnreadableArtifact(f"{path}: safetensors cannot open it: {exc}") from None
     except Exception as exc:
         # The reference refused the file: the checks below say why in our terms, or else
         # in its own words.
@@ -358,8 +365,9 @@ async def load_safetensors(
     timeout = _check.timeout(timeout)
     limit, most = limits(max_header_bytes, max_tensors)
     safetensors_package()
-    header = await _in_thread(read_safetensors_header, where, limit, max_tensors=most)
-    _check_expected(header, wanted)
+    header = await _in_thread(
+        read_safetensors_header, where, limit, max_tensors=most, expect=wanted
+    )
     if not header.entries:
         raise MislabeledArtifact(f"{header.path}: holds no tensors")
     empty = [e.name for e in header.entries.values() if e.end == e.start]

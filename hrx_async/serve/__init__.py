@@ -15,7 +15,7 @@ FastAPI and Starlette are imported only when an app is built or routes are added
 """
 
 from .asgi import Health, HealthState, RuntimeService, ShutdownReport, logger, runtime_threads
-from .body import RequestRefused, json_depth, load_json, read_body
+from .body import RequestRefused, json_depth, load_json, media_type, read_body
 from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "json_depth",
     "load_json",
     "logger",
+    "media_type",
     "prometheus_text",
     "read_body",
     "runtime_threads",

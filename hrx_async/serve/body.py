@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,14 +47,21 @@ class RequestRefused(HrxError):
         self.detail = detail
 
 
+def media_type(headers: Mapping[str, str], default: str = "") -> str:
+    """The Content-Type of `headers` without its parameters, in lower case."""
+    return headers.get("content-type", default).split(";")[0].strip().lower()
+
+
 def _shown(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else repr(text[: limit - 3]) + "..."
 
 
-def declared_length(values: list[str]) -> int | None:
+def declared_length(values: list[str], limit: int | None = None) -> int | None:
     """The body length the Content-Length values declare (None without one).
 
-    RequestRefused(400) unless every value is the same whole number of bytes."""
+    RequestRefused(400) unless every value is the same whole number of bytes; with a
+    `limit`, RequestRefused(413) for a length past it, even one written as a float
+    ("1e20"): it is refused for its size whatever its notation."""
     if not values:
         return None
     texts = {part.strip() for value in values for part in value.split(",")}
@@ -62,12 +70,26 @@ def declared_length(values: list[str]) -> int | None:
         raise RequestRefused(400, f"Content-Length is given as different values: {shown}")
     (text,) = texts
     if not _LENGTH.fullmatch(text):
+        if limit is not None and _beyond(text, limit):
+            raise RequestRefused(
+                413, f"the body is too large: {_shown(text)} bytes, at most {limit}"
+            )
         raise RequestRefused(
             400, f"Content-Length must be a whole number of bytes, got {_shown(text)}"
         )
     digits = text.lstrip("0") or "0"
     # Past 20 digits it is beyond any limit (2**64 has 20); int() of it would be slow.
-    return int(digits) if len(digits) <= 20 else 2**64
+    length = int(digits) if len(digits) <= 20 else 2**64
+    if limit is not None and length > limit:
+        raise RequestRefused(413, f"the body is too large: {length} bytes, at most {limit}")
+    return length
+
+
+def _beyond(text: str, limit: int) -> bool:
+    try:
+        return float(text[:64]) > limit  # NaN compares false: malformed, not large
+    except ValueError:
+        return False
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -76,9 +98,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise ContractError(f"limit must be a number of bytes >= 0, got {limit!r}")
     from starlette.requests import ClientDisconnect
 
-    declared = declared_length(request.headers.getlist("content-length"))
-    if declared is not None and declared > limit:
-        raise RequestRefused(413, f"the body is too large: {declared} bytes, at most {limit}")
+    declared_length(request.headers.getlist("content-length"), limit)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -156,5 +176,6 @@ __all__ = [
     "declared_length",
     "json_depth",
     "load_json",
+    "media_type",
     "read_body",
 ]

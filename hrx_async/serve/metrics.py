@@ -11,8 +11,6 @@ import re
 from ..errors import ContractError
 from ..stats import FIELD_NAMES, Statistics
 
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 METRIC_PREFIX = "hrx_"
@@ -40,16 +38,34 @@ GAUGE_FIELDS = frozenset({"live_bytes", "peak_bytes"})
 
 HEALTHY_HELP = "1 while the runtime can run work, else 0."
 
+_PREFIX = re.compile(r"(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?")
+"""What a metric name may start with: Prometheus names match [a-zA-Z_:][a-zA-Z0-9_:]*, and
+every field name is such a name, so an empty prefix is fine too."""
+
+
+def check_prefix(prefix: object) -> str:
+    """`prefix` when metric names made with it are valid; ContractError otherwise."""
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        shown = repr(prefix) if len(repr(prefix)) <= 60 else repr(prefix)[:57] + "..."
+        raise ContractError(
+            f"a metric name prefix is letters, digits, '_' and ':', not starting with a "
+            f"digit (Prometheus names match [a-zA-Z_:][a-zA-Z0-9_:]*), got {shown}"
+        )
+    return prefix
+
 
 def prometheus_text(
     statistics: Statistics, healthy: bool | None = None, prefix: str = METRIC_PREFIX
 ) -> str:
     """The counters in the Prometheus text exposition format (counters end in `_total`).
 
-    `prefix` must make valid metric names (`[a-zA-Z_:][a-zA-Z0-9_:]*`), else `ContractError`.
-    """
-    if not isinstance(prefix, str) or not _METRIC_NAME.fullmatch(prefix + "x"):
-        raise ContractError(f"metric prefix must match [a-zA-Z_:][a-zA-Z0-9_:]*, got {prefix!r}")
+    ContractError, before anything is made, for a prefix no metric name may start with,
+    `statistics` that are no `Statistics` or `healthy` neither None nor a bool."""
+    check_prefix(prefix)
+    if not isinstance(statistics, Statistics):
+        raise ContractError(f"statistics must be a Statistics, got {type(statistics).__name__}")
+    if healthy is not None and not isinstance(healthy, bool):
+        raise ContractError(f"healthy must be None, True or False, got {healthy!r}")
     lines: list[str] = []
     values = statistics.to_dict()
     for name in FIELD_NAMES:
@@ -71,5 +87,6 @@ __all__ = [
     "METRIC_HELP",
     "METRIC_PREFIX",
     "PROMETHEUS_CONTENT_TYPE",
+    "check_prefix",
     "prometheus_text",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..stats import FIELD_NAMES, Statistics
-from .metrics import GAUGE_FIELDS, HEALTHY_HELP, METRIC_HELP, METRIC_PREFIX
+from .metrics import GAUGE_FIELDS, HEALTHY_HELP, METRIC_HELP, METRIC_PREFIX, check_prefix
 
 
 class RuntimeMetrics:
@@ -24,6 +24,7 @@ class RuntimeMetrics:
     """
 
     def __init__(self, prefix: str = METRIC_PREFIX) -> None:
+        check_prefix(prefix)
         from ray.serve import metrics
 
         self._counters: dict[str, Any] = {}
