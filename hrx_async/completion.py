@@ -250,11 +250,12 @@ class Completion:
                         await asyncio.sleep(0)
                     else:
                         await checkpoint()
-                    if not source.sweep_again() or self.finished_at is not None:
+                    # (`done()`, not the attribute: it changed across the await.)
+                    if not source.sweep_again() or self.done():
                         break
             finally:
                 source.release()
-            if self.finished_at is not None:
+            if self.done():
                 return
         if loop is not None:
             future = loop.create_future()

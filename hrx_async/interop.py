@@ -93,19 +93,6 @@ class _ExternalToken(MappingToken):
         )
 
 
-class _ExternalRun(RegionRun):
-    """Work queued on a stream outside the runtime, tracked like a region.
-
-    Later regions on the same backend wait for its fence on the device; others
-    (and host mappings) wait for it on the host.
-    """
-
-    __slots__ = ()
-
-    def on_fence(self, fence: Any) -> None:
-        self.submission.scheduler.notifier.post(_finish_external, self)
-
-
 def _finish_external(run: RegionRun) -> None:
     if run.state >= DONE:
         return
@@ -131,12 +118,16 @@ def _order_after(
     reads = tuple(Interval(b, 0, b.nbytes) for b, writes in uses if not writes)
     writes = tuple(Interval(b, 0, b.nbytes) for b, writes in uses if writes)
     plan = RegionPlan(0, Lane.COMPUTE, (), (), reads, writes, 0)
-    run = _ExternalRun(Submission(scheduler, label, ()), plan, None, backend, [0.0], plan.queue_key)
+    # Work queued on a stream outside the runtime, tracked like a region: later regions on
+    # the same backend wait for its fence on the device; others (and host mappings) wait
+    # for it on the host.
+    run = RegionRun(Submission(scheduler, label, ()), plan, None, backend, [0.0], plan.queue_key)
     run.state = ISSUED
     run.fence = fence
     for buffer, writes_buffer in uses:
         scheduler.tracker.record(buffer.ident, 0, buffer.nbytes, writes_buffer, run)
-    fence.add_done_callback(run.on_fence)
+    notifier = scheduler.notifier
+    fence.add_done_callback(lambda _: notifier.post(_finish_external, run))
 
 
 # -- adopting ------------------------------------------------------------------------------

@@ -339,8 +339,8 @@ class FenceWaiter:
         self._wake.acquire()
         self._idle = False
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._worker_thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._worker_thread.start()
 
     def wake(self) -> None:
         # The thread sets _idle before its last look for work, so either it sees the new
@@ -353,8 +353,8 @@ class FenceWaiter:
         self._closing = True
         with contextlib.suppress(RuntimeError):
             self._wake.release()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
+        if threading.current_thread() is not self._worker_thread:
+            self._worker_thread.join(timeout=10)
 
     def _run(self) -> None:
         track = self._track

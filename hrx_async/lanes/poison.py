@@ -89,19 +89,23 @@ class PoisonBook:
         """The first poisoned buffer `intervals` read from, with its cause; None if clean."""
         for interval in intervals:
             buffer = interval.buffer
-            if buffer.poison is None:
-                continue
-            with self._lock:
-                cause = buffer.poison
-                if cause is None:
-                    continue
-                spans = self._ranges.get(buffer.ident)
-                if spans is None:
-                    return buffer.label, cause  # poisoned as a whole (no ranges recorded)
-                start, end = interval.start, interval.end
-                for s, e in spans:
-                    if s < end and start < e:
-                        return buffer.label, cause
+            if buffer.poison is not None:
+                with self._lock:
+                    found = self._poisoned_locked(buffer, interval.start, interval.end)
+                if found is not None:
+                    return buffer.label, found
+        return None
+
+    def _poisoned_locked(self, buffer: Buffer, start: int, end: int) -> HrxError | None:
+        cause = buffer.poison
+        if cause is None:
+            return None
+        spans = self._ranges.get(buffer.ident)
+        if spans is None:
+            return cause  # poisoned as a whole (no ranges recorded)
+        for s, e in spans:
+            if s < end and start < e:
+                return cause
         return None
 
     def overlaps(self, buffer: Buffer, start: int, end: int) -> HrxError | None:
