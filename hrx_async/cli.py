@@ -128,6 +128,7 @@ def _describe_backend(report: dict[str, Any]) -> str:
 def _print_info(data: dict[str, Any]) -> None:
     print(f"hrx-async {data['hrx_async']} on Python {data['python']} ({data['platform']})")
     print(f"cpus: {data['cpus']}")
+    print(f"build: {_describe_build(data['build'])}")
     print("packages:")
     for name, version in data["packages"].items():
         print(f"  {name}: {version or 'not installed'}")
@@ -148,6 +149,15 @@ def _print_info(data: dict[str, Any]) -> None:
         print(f"Runtime() fails here{npu_forced}: {npu['error']}")
     else:
         print(f"Runtime() NPU: {npu['opens']}{npu_forced}")
+
+
+def _describe_build(build: dict[str, Any]) -> str:
+    if build["kind"] == "pure":
+        return "pure Python"
+    compiled = ", ".join(build["compiled"])
+    if build["kind"] == "compiled":
+        return f"compiled (mypyc): {compiled}"
+    return f"partly compiled (mypyc): {compiled}; pure: {', '.join(build['pure'])}"
 
 
 def _runtime_failure(command: str, data: dict[str, Any]) -> int:

@@ -21,6 +21,7 @@ import anyio
 import numpy as np
 
 from . import __version__
+from ._build import build
 from .backends import GPU_BACKENDS, probe, resolve
 from .errors import BackendUnavailable, ContractError
 
@@ -95,13 +96,14 @@ def device_nodes() -> dict[str, list[str]]:
 
 
 def info() -> dict[str, Any]:
-    """Versions, platform and backends as one JSON-ready object."""
+    """Versions, platform, build (compiled or pure) and backends as one JSON-ready object."""
     backends = backend_reports()
     chosen, problem = runtime_outcome(backends)
     return {
         "hrx_async": __version__,
         "python": platform.python_version(),
         "implementation": sys.implementation.name,
+        "build": build(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),

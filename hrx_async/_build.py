@@ -1,0 +1,56 @@
+"""Which build of hrx_async is running: the mypyc-compiled core, or pure Python.
+
+`COMPILED` is the one list of the modules an install compiles with mypyc; setup.py reads it
+from this file as a literal (so it must stay a tuple of strings). The compile is optional:
+where it is not built (no C compiler, no mypy, ``HRX_ASYNC_PURE=1`` at build time, an
+editable install) the same modules run as plain Python, and behave the same. `build()` says
+which one this interpreter imports, from where each listed module is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from typing import Any
+
+COMPILED: tuple[str, ...] = (
+    "hrx_async.tracker",
+    "hrx_async.segments",
+    "hrx_async.lanes.scheduler",
+    "hrx_async.lanes.watch",
+)
+"""The modules mypyc compiles when it can. Each must pass mypy --strict and the whole test
+suite compiled; none may be an entry point users call with unchecked arguments (compiled
+code raises TypeError for an argument of the wrong type, the public API ContractError).
+
+Left out, as compiled they fail to build or fail tests: lanes/poison.py (`continue` inside
+`with`, which mypyc does not implement), lanes/region.py (interop.py subclasses RegionRun,
+and interpreted code cannot subclass a compiled class), lanes/notify.py (a test replaces
+LoopNotifier.post on an instance, which a compiled class forbids), completion.py (after an
+await, mypy still takes `self.finished_at` to be None from a check before it, and the
+compiled code enforces that), backends/_stream_fences.py (mypyc names the C field of the
+attribute `_thread` `__thread`, a C compiler keyword)."""
+
+
+def is_compiled(module: str) -> bool:
+    """Whether `module` would be (or was) loaded from an extension module, not from source.
+
+    Finding the spec does not run the module, only the packages above it.
+    """
+    spec = importlib.util.find_spec(module)
+    origin = spec.origin if spec is not None else None
+    return origin is not None and origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def build() -> dict[str, Any]:
+    """``kind``: "compiled" (every listed module is), "pure" (none is) or "partial" (some are:
+    a stale extension left next to the sources, say); and the modules on each side."""
+    compiled = [module for module in COMPILED if is_compiled(module)]
+    pure = [module for module in COMPILED if module not in compiled]
+    if not compiled:
+        kind = "pure"
+    elif not pure:
+        kind = "compiled"
+    else:
+        kind = "partial"
+    return {"kind": kind, "compiled": compiled, "pure": pure}
