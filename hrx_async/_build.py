@@ -16,20 +16,21 @@ from typing import Any
 COMPILED: tuple[str, ...] = (
     "hrx_async.tracker",
     "hrx_async.segments",
+    "hrx_async.completion",
+    "hrx_async.lanes.poison",
+    "hrx_async.lanes.region",
+    "hrx_async.lanes.outcomes",
     "hrx_async.lanes.scheduler",
     "hrx_async.lanes.watch",
+    "hrx_async.backends._stream_fences",
 )
-"""The modules mypyc compiles when it can. Each must pass mypy --strict and the whole test
-suite compiled; none may be an entry point users call with unchecked arguments (compiled
-code raises TypeError for an argument of the wrong type, the public API ContractError).
+"""The modules mypyc compiles when it can: the replay path's admission, tracker, settling,
+fence sweeps and completions. Each must pass mypy --strict and the whole test suite
+compiled; none may be an entry point users call with unchecked arguments (compiled code
+raises TypeError for an argument of the wrong type, the public API ContractError).
 
-Left out, as compiled they fail to build or fail tests: lanes/poison.py (`continue` inside
-`with`, which mypyc does not implement), lanes/region.py (interop.py subclasses RegionRun,
-and interpreted code cannot subclass a compiled class), lanes/notify.py (a test replaces
-LoopNotifier.post on an instance, which a compiled class forbids), completion.py (after an
-await, mypy still takes `self.finished_at` to be None from a check before it, and the
-compiled code enforces that), backends/_stream_fences.py (mypyc names the C field of the
-attribute `_thread` `__thread`, a C compiler keyword)."""
+Left out: lanes/notify.py (a test replaces LoopNotifier.post on an instance, which a
+compiled class forbids), and everything users call directly."""
 
 
 def is_compiled(module: str) -> bool:

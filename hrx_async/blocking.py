@@ -62,17 +62,12 @@ R = TypeVar("R")
 _ASYNC_BACKENDS = ("asyncio", "trio")
 
 
-class BlockingCompletion(Completion):
-    """A completion of a `BlockingRuntime`'s submission: `wait()` refuses where it could
-    never return (on the loop that resolves it, or in a host function of its runtime)."""
-
-    __slots__ = ()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        thread = _LoopThread.behind_current()
-        if thread is not None and thread.scheduler is self.owner:
-            thread.blocking._refuse_blocking("wait()", "await the completion")
-        return super().wait(timeout)
+def _refuse_impossible_wait(completion: Completion) -> None:
+    """A `BlockingRuntime` completion's `wait()` refuses where it could never return (on the
+    loop that resolves it, or in a host function of its runtime)."""
+    thread = _LoopThread.behind_current()
+    if thread is not None and thread.scheduler is completion.owner:
+        thread.blocking._refuse_blocking("wait()", "await the completion")
 
 
 class BlockingPreparedGraph(PreparedGraph):
@@ -492,10 +487,8 @@ class _Held:
 
 
 def _blocking_completion(completion: Completion) -> Completion:
-    # The scheduler makes plain completions; the subclass only adds checks to `wait()`
-    # and has the same slots, so the object itself (which the scheduler resolves and
-    # `after=` compares) becomes one.
-    completion.__class__ = BlockingCompletion
+    # The scheduler makes plain completions; the facade only adds a check to `wait()`.
+    completion.wait_check = _refuse_impossible_wait
     return completion
 
 
@@ -540,4 +533,4 @@ def _close_open_runtimes() -> None:
             print(f"hrx_async: closing {blocking!r} at exit failed: {exc!r}")
 
 
-__all__ = ["BlockingCompletion", "BlockingPreparedGraph", "BlockingRuntime"]
+__all__ = ["BlockingPreparedGraph", "BlockingRuntime"]

@@ -118,6 +118,7 @@ class Completion:
         "owner",
         "started_at",
         "submitted_at",
+        "wait_check",
     )
 
     def __init__(
@@ -140,6 +141,8 @@ class Completion:
         self._tasks: list[Any] | None = None
         """trio: the tasks parked on it (asyncio waits on `_futures`)."""
         self._thread_event: threading.Event | None = None
+        self.wait_check: Callable[[Completion], None] | None = None
+        """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -275,7 +278,13 @@ class Completion:
             raise self._error
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block this (non-loop) thread until finished; False on timeout, changing nothing."""
+        """Block this (non-loop) thread until finished; False on timeout, changing nothing.
+
+        `wait_check`, when set, runs first and raises where the wait could never return.
+        """
+        check = self.wait_check
+        if check is not None:
+            check(self)
         with _THREAD_WAITERS:
             if self.finished_at is not None:
                 return True

@@ -12,7 +12,7 @@ import ctypes
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -267,8 +267,10 @@ def host_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> HostTable:
     table = HostTable()
     table.kernels["affine"] = ([8, 8, 4, 4, 8], _affine)
 
-    def open_fake(name: str, device: int = 0) -> tuple[StreamBackend, list[str]]:
-        return StreamBackend(table, device, "fake_1", cache=KernelCache(tmp_path)), []
+    def open_fake(
+        name: str, devices: Sequence[int] = (0,)
+    ) -> tuple[StreamBackend, list[str]]:
+        return StreamBackend(table, devices[0], "fake_1", cache=KernelCache(tmp_path)), []
 
     monkeypatch.setattr(runtime_module, "open_gpu_backend", open_fake)
     return table
