@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hrx_async.errors import ContractError, Unsupported
+from hrx_async.files import NotRegularFile, open_regular
 from hrx_async.trace import ExecutionTrace, lane_name
 
 _OK_COLOR = "tab:blue"
@@ -191,22 +191,10 @@ def read_trace_text(path: str | os.PathLike[str]) -> str:
     before reading, so a FIFO or device never blocks or streams forever) or not UTF-8
     text; OSError when it cannot be opened or read (a missing file, say)."""
     shown = repr(os.fspath(path))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        mode = os.fstat(fd).st_mode
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(mode)
-            else "a FIFO (named pipe)"
-            if stat.S_ISFIFO(mode)
-            else "a device or other special file"
-        )
-        raise ContractError(f"{shown} is {kind}, not a regular file")
+        fd, _ = open_regular(path)
+    except NotRegularFile as exc:
+        raise ContractError(f"{shown} is {exc.kind}, not a regular file") from None
     with os.fdopen(fd, "rb") as file:
         data = file.read()
     try:

@@ -44,6 +44,7 @@ from . import (
     Runtime,
 )
 from .errors import ContractError, HrxError
+from .files import file_kind
 
 SOURCE_SUFFIXES = (".cu", ".cuh", ".hip", ".cpp", ".cc", ".cxx")
 ACCESS = {"in": Access.READ, "inout": Access.READ_WRITE, "out": Access.WRITE}
@@ -121,22 +122,6 @@ def parse_rotate(text: str, buffers: tuple[BufferArg, ...]) -> tuple[int, int]:
     return index, count
 
 
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in _FILE_KINDS:
-        if test(mode):
-            return name
-    return "a special file"
-
-
 def regular_file(option: str, text: str) -> os.stat_result:
     """`os.stat` of the file an option names; ContractError unless it is a regular file."""
     try:
@@ -146,7 +131,7 @@ def regular_file(option: str, text: str) -> os.stat_result:
     except OSError as exc:
         raise ContractError(f"{option} {text!r}: cannot read it: {exc.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise ContractError(f"{option} {text!r} is {_file_kind(info.st_mode)}, not a regular file")
+        raise ContractError(f"{option} {text!r} is {file_kind(info.st_mode)}, not a regular file")
     return info
 
 

@@ -588,7 +588,8 @@ def test_trace_plot_refuses_what_is_no_regular_file_at_once(
     late_writer.daemon = True
     late_writer.start()
     try:
-        for name, kind in ((fifo, "a FIFO"), (tmp_path, "a directory"), ("/dev/zero", "a device")):
+        cases = ((fifo, "a FIFO"), (tmp_path, "a directory"), ("/dev/zero", "a character"))
+        for name, kind in cases:
             code = main(["trace-plot", str(name), "-o", str(tmp_path / "out.png")])
             err = one_line(capsys.readouterr().err)
             assert code == EXIT_USAGE, err

@@ -12,13 +12,13 @@ import collections
 import importlib
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .. import files
 from ..errors import BackendUnavailable, ContractError
 from . import _check
 from .tensor import DType, TensorDesc
@@ -53,15 +53,6 @@ FILE_NAMES = {v: k for k, v in FILE_DTYPES.items()}
 METADATA = "__metadata__"
 _FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _LARGEST_DIGITS = len(str(2**64))  # a number with more digits cannot be a u64
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
 
 class ArtifactError(ContractError):
     """A model artifact breaks its format or disagrees with what was expected."""
@@ -129,25 +120,16 @@ def identity(info: os.stat_result) -> tuple[int, ...]:
 
 
 def open_regular(path: Path) -> tuple[int, os.stat_result]:
-    """A descriptor on `path`, checked to be a regular file before a byte is read.
-
-    Opening without blocking and checking the descriptor (not the name) leaves no moment
-    in which a FIFO put in the file's place could make the open or a read wait forever."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    """A descriptor on `path`, checked to be a regular file before a byte is read
+    (`files.open_regular`), failures as `UnreadableArtifact`."""
     try:
-        fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0))
+        fd, info = files.open_regular(path)
     except FileNotFoundError:
         raise UnreadableArtifact(f"{path}: no such file") from None
+    except files.NotRegularFile as exc:
+        raise UnreadableArtifact(f"{path} is {exc.kind}, not a regular file") from None
     except OSError as exc:
         raise UnreadableArtifact(f"{path}: cannot be opened: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "special")
-            raise UnreadableArtifact(f"{path} is {kind}, not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
     return fd, info
 
 
