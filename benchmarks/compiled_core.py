@@ -28,7 +28,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,63 +35,25 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-class User:
-    """Hashed by identity, like the scheduler's region runs."""
-
-    __slots__ = ()
-
-
-def steady(pending: int, steps: int, access: Callable[[int], tuple[int, int, bool]]) -> float:
-    from hrx_async.tracker import AccessTracker
-
-    tracker: AccessTracker[User] = AccessTracker()
-    record, forget = tracker.record, tracker.forget
-    users = [User() for _ in range(pending + steps)]
-    accesses = [access(k) for k in range(pending + steps)]
-    for k in range(pending):
-        s, e, w = accesses[k]
-        record("buf", s, e, w, users[k])
-    start = time.perf_counter()
-    for k in range(pending, pending + steps):
-        s, e, w = accesses[k]
-        record("buf", s, e, w, users[k])
-        forget(users[k - pending])
-    return (time.perf_counter() - start) / steps * 1e6
-
-
-def replay(iterations: int) -> float:
-    from hrx_async.tracker import AccessTracker
-
-    tracker: AccessTracker[User] = AccessTracker()
-    record, forget = tracker.record, tracker.forget
-    previous: list[User] = []
-    start = time.perf_counter()
-    for _ in range(iterations):
-        prod, lo, hi, cons = User(), User(), User(), User()
-        record("inp", 0, 64, True, prod)
-        record("inp", 0, 64, False, lo)
-        record("inp", 0, 64, False, hi)
-        record("out", 0, 32, True, lo)
-        record("out", 32, 64, True, hi)
-        record("out", 0, 64, False, cons)
-        for user in previous:
-            forget(user)
-        previous = [prod, lo, hi, cons]
-    return (time.perf_counter() - start) / iterations * 1e6
-
-
 def tracker_rows(pending: int, steps: int) -> dict[str, float]:
-    """The tracker measurements, in this interpreter (the best of three runs each)."""
+    """The tracker measurements, in this interpreter (the best of three runs each), with the
+    workloads of `tracker_readers.py`."""
+    from tracker_readers import replay, steady
+
+    from hrx_async import tracker
+
     patterns: dict[str, Callable[[int], tuple[int, int, bool]]] = {
         "readers": lambda k: (0, 16, False),
         "writers": lambda k: (0, 16, True),
         "slices": lambda k: (16 * k, 16 * k + 16, False),
     }
     rows = {
-        f"tracker {name} N={pending} us/step": min(steady(pending, steps, a) for _ in range(3))
-        for name, a in patterns.items()
+        f"tracker {name} N={pending} us/step": min(
+            steady(tracker, pending, steps, access) for _ in range(3)
+        )
+        for name, access in patterns.items()
     }
-    rows["tracker replay us/iteration"] = min(replay(10 * steps) for _ in range(3))
+    rows["tracker replay us/iteration"] = min(replay(tracker, 10 * steps) for _ in range(3))
     return rows
 
 

@@ -51,19 +51,14 @@ class CompletionSource(Protocol):
         ...
 
 
-_trio_checkpoint: Callable[[], Awaitable[None]] | None = None
 _trio: Any = None
 
 
 def trio_checkpoint() -> Callable[[], Awaitable[None]]:
-    """trio's own checkpoint, imported on first use (trio is optional). anyio's looks up
-    the running backend on every call, which is a sixth of a trio checkpoint's cost."""
-    global _trio_checkpoint
-    if _trio_checkpoint is None:
-        import trio.lowlevel
-
-        _trio_checkpoint = trio.lowlevel.checkpoint
-    return _trio_checkpoint
+    """trio's own checkpoint. anyio's looks up the running backend on every call, which is
+    a sixth of a trio checkpoint's cost."""
+    checkpoint: Callable[[], Awaitable[None]] = trio_lowlevel().checkpoint
+    return checkpoint
 
 
 def trio_lowlevel() -> Any:

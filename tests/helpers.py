@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -110,3 +113,22 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def fifo_with_a_late_writer(path: Path, after_s: float = 1.0) -> Iterator[Path]:
+    """A FIFO at `path` that a writer opens after `after_s`, so a reader wrongly blocked in
+    open() goes on (and the test fails) instead of hanging; with no reader it does nothing."""
+    os.mkfifo(path)
+
+    def writer_comes() -> None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    late_writer = threading.Timer(after_s, writer_comes)
+    late_writer.daemon = True
+    late_writer.start()
+    try:
+        yield path
+    finally:
+        late_writer.cancel()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from hrx_async.lanes.lane import Lane
 from hrx_async.plot import load_timeline
 from hrx_async.runner import kernel_source
 from hrx_async.trace import ExecutionTrace, TraceEvent
+from tests.helpers import fifo_with_a_late_writer
 
 # The Chrome trace-event JSON the runtime writes (what Perfetto and chrome://tracing read).
 TRACE_SCHEMA: dict[str, Any] = {
@@ -576,26 +575,13 @@ def test_trace_plot_refuses_what_is_no_regular_file_at_once(
     pytest.importorskip("matplotlib")
     if not hasattr(os, "mkfifo") or not Path("/dev/zero").exists():
         pytest.skip("needs POSIX device files and FIFOs")
-    fifo = tmp_path / "trace.json"
-    os.mkfifo(fifo)
-
-    def writer_comes() -> None:
-        # Lets a reader blocked in open() go on; with no reader it fails and does nothing.
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-    late_writer = threading.Timer(1.0, writer_comes)
-    late_writer.daemon = True
-    late_writer.start()
-    try:
+    with fifo_with_a_late_writer(tmp_path / "trace.json") as fifo:
         cases = ((fifo, "a FIFO"), (tmp_path, "a directory"), ("/dev/zero", "a character"))
         for name, kind in cases:
             code = main(["trace-plot", str(name), "-o", str(tmp_path / "out.png")])
             err = one_line(capsys.readouterr().err)
             assert code == EXIT_USAGE, err
             assert f"is {kind}" in err and "not a regular file" in err
-    finally:
-        late_writer.cancel()
 
 
 # -- the command itself ----------------------------------------------------------------------

@@ -3,13 +3,11 @@ top of it, limits that hold before a header is parsed, and files that are not fi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import struct
 import subprocess
 import sys
-import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pytest
 import hrx_async as hrx
 from hrx_async.models import artifacts
 from hrx_async.models.artifacts import UnreadableArtifact
+from tests.helpers import fifo_with_a_late_writer
 
 safetensors = pytest.importorskip("safetensors")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -242,25 +241,12 @@ def test_a_huge_tensor_table_is_refused_before_it_is_parsed(tmp_path: Path) -> N
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 async def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
-    fifo = tmp_path / "w.safetensors"
-    os.mkfifo(fifo)
-
-    def writer_comes() -> None:
-        # Lets a reader blocked in open() go on; with no reader it fails and does nothing.
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-    late_writer = threading.Timer(1.0, writer_comes)
-    late_writer.daemon = True
-    late_writer.start()
-    try:
+    with fifo_with_a_late_writer(tmp_path / "w.safetensors") as fifo:
         async with hrx.Runtime("sim") as rt:
             residency: hrx.Residency[Any] = hrx.Residency(1 << 20)
             with anyio.fail_after(30), pytest.raises(UnreadableArtifact, match="FIFO"):
                 await hrx.load_safetensors(rt, residency, "k", fifo)
             assert rt.statistics().allocations == 0
-    finally:
-        late_writer.cancel()
     with pytest.raises(UnreadableArtifact, match="FIFO"):
         hrx.read_safetensors_header(fifo)
 

@@ -96,16 +96,12 @@ class StreamQueue:
                     if event is not None:
                         table.stream_wait_event(stream, event)
             program.launch(table, stream)
-            free = self._pool.free
-            event = free.pop() if free else self._pool.take()
+            event = self._pool.take()
             table.event_record(event, stream)
         except BackendError as exc:
             return finished_fence(exc)
-        fences = self.fences
-        fence = StreamFence(fences, event, issued_at)
-        fences.pending.append(fence)
-        if not fences.watched:
-            fences.wake_waiter()
+        fence = StreamFence(self.fences, event, issued_at)
+        self.fences.add(fence)
         return fence
 
     def close(self) -> None:

@@ -124,26 +124,25 @@ class EventPool:
     def __init__(self, table: DriverTable, blocking: bool) -> None:
         self._table = table
         self._blocking = blocking
-        self.free: collections.deque[Any] = collections.deque()
-        """Events ready to be recorded again (appended to by whoever finishes a fence)."""
+        self._free: collections.deque[Any] = collections.deque()
         self._all: list[Any] = []
 
     def take(self) -> Any:
         try:
-            return self.free.pop()
+            return self._free.pop()
         except IndexError:
             event = self._table.event_create(self._blocking)
             self._all.append(event)
             return event
 
     def give(self, event: Any) -> None:
-        self.free.append(event)
+        self._free.append(event)
 
     def close(self) -> None:
         for event in self._all:
             quietly(self._table.event_destroy, event)
         self._all.clear()
-        self.free.clear()
+        self._free.clear()
 
 
 class StreamFences:
@@ -182,10 +181,6 @@ class StreamFences:
         if not self.watched:
             self._waiter.wake()
 
-    def wake_waiter(self) -> None:
-        """New fences while unwatched: the waiter takes them."""
-        self._waiter.wake()
-
     def watch(self) -> None:
         """The loop sweeps this stream from now on; the waiter stays away."""
         self.watched = True
@@ -198,53 +193,14 @@ class StreamFences:
 
     def sweep(self, limit: int) -> tuple[int, bool]:
         """Finish up to `limit` fences whose work completed, from the head: (how many
-        were finished, whether any remain).
-
-        The loop's hot path (once per loop iteration while watched): the common case of
-        one finished fence is one event query and one callback, in one pass.
-        """
-        pending = self.pending
-        if not pending:
+        were finished, whether any remain)."""
+        if not self.pending:
             return 0, False
-        finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]] = []
-        query = self.table.event_query
-        free = self.pool.free
         with self.lock:
-            now = 0.0
-            while pending and limit:
-                fence = pending[0]
-                callbacks = None
-                if not fence._done:
-                    error: BaseException | None = None
-                    try:
-                        if not query(fence._event):
-                            break
-                    except BackendError as exc:
-                        error = exc
-                    if not now:
-                        now = time.perf_counter()
-                    fence._error = error
-                    # A fence cannot start before the previous one on its stream finished.
-                    last = self._last_finished
-                    fence.started_at = last if last > fence.issued_at else fence.issued_at
-                    fence.finished_at = self._last_finished = now
-                    fence._done = True
-                    callbacks, fence._callbacks = fence._callbacks, None
-                    if fence._thread_event is not None:
-                        fence._thread_event.set()
-                limit -= 1
-                pending.popleft()
-                if fence is self._waiting_on:
-                    self._parked = True
-                else:
-                    free.append(fence._event)
-                if callbacks:
-                    finished.append((fence, callbacks))
+            finished = self._collect(None, None, limit)
         self.by_loop += len(finished)
-        for fence, callbacks in finished:
-            for callback in callbacks:  # type: ignore[union-attr]  # only lists are kept
-                callback(fence)
-        return len(finished), bool(pending)
+        _run_callbacks(finished)
+        return len(finished), bool(self.pending)
 
     def finish_early(self, fence: StreamFence, error: BaseException | None) -> None:
         """`fence` was found complete out of order; it leaves the deque at the next sweep."""

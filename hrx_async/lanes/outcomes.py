@@ -89,14 +89,7 @@ class Outcomes:
         if blockers and self.lost is None:  # once the device is lost, nothing runs anyway
             run.blockers = blockers
             return
-        settling = self.settling
-        settling.append(run)
-        if len(settling) == 1:
-            while settling:
-                try:
-                    self._settle(settling[0])
-                finally:
-                    settling.popleft()
+        self._ready(run)
 
     def _unblock(self, run: RegionRun) -> None:
         run.blockers -= 1
@@ -106,12 +99,8 @@ class Outcomes:
     def _ready(self, run: RegionRun) -> None:
         settling = self.settling
         settling.append(run)
-        if len(settling) == 1:
-            self._settle_all()
-        # else an outer call is settling; it takes this one in turn
-
-    def _settle_all(self) -> None:
-        settling = self.settling
+        if len(settling) > 1:
+            return  # an outer call is settling; it takes this one in turn
         while settling:
             try:
                 self._settle(settling[0])

@@ -229,15 +229,14 @@ class Scheduler(Outcomes):
         """Launch a graph's first region before any bookkeeping, when nothing can come
         before it; `_admit` would issue it at once anyway.
 
-        Only on a device stream (watched queues: they issue at once, so cancelling
-        could not skip the work anyway), on an idle lane, and when no earlier work
+        Only for a first region on a device stream (`prepared.first_on_stream`, checked by
+        the caller: watched queues issue at once, so cancelling could not skip the work
+        anyway), on an idle lane, and when no earlier work
         still uses any of its bytes. The bookkeeping that follows then overlaps the
         device's work instead of delaying it. None when the region does not qualify.
         """
         program, provider, key, accesses = prepared.steps[0][1:5]
-        budget_us: float = getattr(provider, "poll_budget_us", 0.0)
-        if budget_us <= 0:
-            return None
+        budget_us: float = provider.poll_budget_us  # type: ignore[attr-defined]  # on a stream
         lane = self.lanes.get(key)
         if lane is None or lane.items or lane.current is not None:
             return None
