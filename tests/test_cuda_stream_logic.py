@@ -442,11 +442,37 @@ async def test_cancelled_and_refused_regions_get_finished_fences(host_table: Hos
         graph.copy(rt.allocate(64, hrx.HOST_VISIBLE).view(), a.view())
         prepared = graph.prepare()
         first = prepared.submit()
-        second = prepared.submit()
+        # after= keeps it queued on the host until `first` finishes, so it can be cancelled
+        # (a replay that only follows `first` on this device is issued at once).
+        second = prepared.submit(after=[first])
         second.cancel()
         await first
         with pytest.raises(hrx.Cancelled):
             await second
+
+
+async def test_a_replay_behind_one_on_the_same_device_is_issued_at_submit(
+    host_table: HostTable,
+) -> None:
+    """What a replay waits for is all on its device, so it goes to the streams at once,
+    behind device-side waits, instead of waiting on its lanes: too late to skip."""
+    host_table.delay = 0.01
+    async with hrx.Runtime(backend="fake") as rt:
+        a = rt.allocate(64, hrx.GPU_LOCAL)
+        out = rt.allocate(64, hrx.HOST_VISIBLE)
+        prepared = []
+        for value in (7, 9):
+            graph = rt.graph(f"fill-{value}-read")
+            graph.fill(a.view(), value)
+            graph.copy(out.view(), a.view())
+            prepared.append(graph.prepare())
+        first = prepared[0].submit()
+        second = prepared[1].submit()
+        second.cancel()
+        await first
+        await second  # nothing was left to skip
+        async with out.map_read() as memory:
+            assert bytes(memory) == bytes([9]) * 64
 
 
 async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:

@@ -3,8 +3,8 @@
 `Scheduler.submit` is synchronous: it checks the submission, registers each
 region's byte ranges with the tracker (so ordering across submissions is per
 byte range, in call order) and issues what it can at once: a region on an idle
-lane whose dependencies are finished, or are earlier regions of its own
-submission issued to the same backend (device-side waits). The rest goes to its
+lane whose dependencies are finished, or issued to the same backend (device-side
+waits), whichever submission they belong to. The rest goes to its
 lane's task (`lane_task.LaneRunner`), which waits for dependencies (issued on the
 same backend, else finished) and issues in FIFO order; when it issues one, the
 later regions of that submission that waited only for it follow at once. Fences come
@@ -294,11 +294,15 @@ class Scheduler(Outcomes):
             lane.push(run)
 
     @staticmethod
-    def _device_waits(run: RegionRun, any_submission: bool = False) -> Sequence[Fence] | None:
+    def _device_waits(run: RegionRun) -> Sequence[Fence] | None:
         """The fences `run` can wait for on the device, when that is all it waits for:
-        every dependency finished, or is an earlier region of its own submission issued
-        to the same backend. None when something needs a wait on the host, or on another
-        submission (the lane task does that, and until then the region can be cancelled)."""
+        every dependency finished, or issued to the same backend (by its own submission or
+        an earlier one). None when something needs a wait on the host (the lane task does
+        that, and until then the region can be cancelled).
+
+        Replays of work on one device therefore go to its queues at submit time, each
+        behind device-side waits for what it follows, as a hand-written chain of streams
+        and events would: nothing is left for `cancel()` to skip, and no lane task wakes."""
         if isinstance(run.program, AsyncHostProgram):
             return None
         if not run.deps:
@@ -310,12 +314,7 @@ class Scheduler(Outcomes):
             if state in (DONE, SKIPPED):
                 continue
             fence = dep.fence
-            if (
-                state != ISSUED
-                or fence is None
-                or dep.provider is not provider
-                or (dep.submission is not run.submission and not any_submission)
-            ):
+            if state != ISSUED or fence is None or dep.provider is not provider:
                 return None
             if dep.outcome is not None:
                 return None  # it ended and waits to settle: its outcome decides
@@ -401,7 +400,7 @@ class Scheduler(Outcomes):
                 lane.current is not None or not lane.items or lane.items[0] is not later
             ):
                 continue
-            waits = self._device_waits(later, any_submission=True)
+            waits = self._device_waits(later)
             if waits is None:
                 continue
             if queued:
