@@ -97,6 +97,7 @@ class Scheduler(Outcomes):
         self.leaving = False
         """Set when the runtime is left by an exception: every region not started skips."""
         self.closed = False
+        self.pumping = False
         self.loop_thread = threading.get_ident()
         self.asyncio_loop: asyncio.AbstractEventLoop | None
         try:
@@ -272,6 +273,7 @@ class Scheduler(Outcomes):
         lanes = self.lanes
         direct = not submission.after and self.lost is None
         runs = submission.runs
+        queued = False
         if first is not None:
             run = runs[0]
             run.state = ISSUED
@@ -292,6 +294,9 @@ class Scheduler(Outcomes):
                     self._launch(run, waits)
                     continue
             lane.push(run)
+            queued = True
+        if queued and direct:
+            self._pump()  # its lane task may not have come round to what is ahead yet
 
     @staticmethod
     def _device_waits(run: RegionRun) -> Sequence[Fence] | None:
@@ -316,9 +321,12 @@ class Scheduler(Outcomes):
             fence = dep.fence
             if state != ISSUED or fence is None or dep.provider is not provider:
                 return None
-            if dep.outcome is not None:
-                return None  # it ended and waits to settle: its outcome decides
-            waits.append(fence)
+            outcome = dep.outcome
+            if outcome is None:
+                waits.append(fence)
+            elif outcome[0] is not None or outcome[1]:
+                return None  # it failed or was skipped and waits to settle: the lane judges
+            # (else it ran and waits only for what it follows to settle: nothing to wait for)
         return waits
 
     def cancel_waiting(self, submission: Submission) -> None:
@@ -377,39 +385,51 @@ class Scheduler(Outcomes):
             self._start_host(run, program)
             return
         self._launch(run, waits)
-        self._issue_followers(run)
+        self._pump()
 
-    def _issue_followers(self, run: RegionRun) -> None:
-        """`run` was just issued by its lane: issue the later regions of its submission
-        that were only waiting for that, as their lanes would one loop iteration later.
+    def _pump(self) -> None:
+        """Issue the next region of every lane that waits only for work issued to its own
+        backend, as its lane task would one loop iteration later, and again while that
+        lets more go: the later regions of a submission a lane task just issued, and
+        replays queued behind a lane that was busy when they were admitted (without this,
+        once a lane has a queue, every replay behind it goes through the lane tasks, one
+        wake-up per region, for as long as new ones keep coming).
 
-        A region qualifies when it is next on its lane (queued first on an idle lane, or
-        the one its lane's task waits on) and everything it follows is finished or
-        issued to the same backend. Cancelling could have skipped it until this moment,
-        exactly as on the lane.
+        A lane's next region is the one its task waits on, else its first queued one; a
+        lane whose task waits on one that cannot go yet keeps its order. Cancelling could
+        have skipped a region until this moment, exactly as on the lane.
         """
-        submission = run.submission
-        if submission.after or self.lost is not None or run.fence is None:
+        if self.pumping or self.lost is not None:
             return
-        for later in submission.runs[run.plan.index + 1 :]:
-            if later.state != QUEUED or later.outcome is not None:
-                continue
-            lane = self.lanes[later.key]
-            queued = lane.current is not later
-            if queued and (
-                lane.current is not None or not lane.items or lane.items[0] is not later
-            ):
-                continue
-            waits = self._device_waits(later)
-            if waits is None:
-                continue
-            if queued:
-                lane.items.popleft()
-            refusal = later.refusal(poison=not waits)
-            if refusal is not None:
-                self._refused(later, refusal)
-            else:
-                self._launch(later, waits)
+        self.pumping = True
+        try:
+            progress = True
+            while progress:
+                progress = False
+                for lane in self.lanes.values():
+                    items = lane.items
+                    head = lane.current
+                    queued = head is None or head.state != QUEUED
+                    if queued:
+                        if not items:
+                            continue
+                        head = items[0]
+                    assert head is not None
+                    if head.state != QUEUED or head.outcome is not None or head.submission.after:
+                        continue
+                    waits = self._device_waits(head)
+                    if waits is None:
+                        continue
+                    if queued:
+                        items.popleft()
+                    refusal = head.refusal(poison=not waits)
+                    if refusal is not None:
+                        self._refused(head, refusal)
+                    else:
+                        self._launch(head, waits)
+                    progress = True
+        finally:
+            self.pumping = False
 
     def _refused(self, run: RegionRun, refusal: BaseException) -> None:
         if isinstance(refusal, Cancelled) and run.submission.error is None:
