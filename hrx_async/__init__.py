@@ -7,6 +7,7 @@ range by byte range, within and across submissions.
 """
 
 from .blocking import BlockingPreparedGraph, BlockingRuntime
+from .budget import Reservation
 from .completion import Completion, CompletionProfile
 from .contract import Access, Binding, Constants, KernelContract
 from .errors import (
@@ -53,6 +54,7 @@ from .models import (
     ModelContext,
     ModelSlot,
     OversizedArtifact,
+    Pin,
     PlanCache,
     PlanCacheStats,
     PlanHandle,
@@ -63,6 +65,7 @@ from .models import (
     Tensor,
     TensorDesc,
     TruncatedArtifact,
+    UnitBudget,
     Weights,
     bf16_from_f32,
     f32_from_bf16,
@@ -126,6 +129,7 @@ __all__ = [
     "NpuDevice",
     "NpuKernel",
     "OversizedArtifact",
+    "Pin",
     "Placement",
     "PlanCache",
     "PlanCacheStats",
@@ -133,6 +137,7 @@ __all__ = [
     "PoisonedError",
     "PreparedGraph",
     "PreparedModel",
+    "Reservation",
     "Residency",
     "ResidencyStats",
     "Runtime",
@@ -146,6 +151,7 @@ __all__ = [
     "TensorDesc",
     "TraceEvent",
     "TruncatedArtifact",
+    "UnitBudget",
     "Unsupported",
     "View",
     "Weights",

@@ -17,7 +17,7 @@ from .artifacts import (
 from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
-from .residency import Lease, Residency, ResidencyStats
+from .residency import Lease, Pin, Residency, ResidencyStats, UnitBudget
 from .tensor import DType, Layout, Tensor, TensorDesc, bf16_from_f32, f32_from_bf16
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ModelContext",
     "ModelSlot",
     "OversizedArtifact",
+    "Pin",
     "PlanCache",
     "PlanCacheStats",
     "PlanHandle",
@@ -42,6 +43,7 @@ __all__ = [
     "Tensor",
     "TensorDesc",
     "TruncatedArtifact",
+    "UnitBudget",
     "Weights",
     "bf16_from_f32",
     "f32_from_bf16",
