@@ -14,6 +14,8 @@ from .artifacts import (
     read_safetensors_header,
     write_safetensors,
 )
+from .chain import Inference, SlotLease
+from .device import DeviceTensor, LeasedView
 from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
@@ -23,11 +25,14 @@ from .tensor import DType, Layout, Tensor, TensorDesc, bf16_from_f32, f32_from_b
 __all__ = [
     "ArtifactError",
     "DType",
+    "DeviceTensor",
+    "Inference",
     "Job",
     "JobState",
     "Jobs",
     "Layout",
     "Lease",
+    "LeasedView",
     "MislabeledArtifact",
     "ModelContext",
     "ModelSlot",
@@ -40,6 +45,7 @@ __all__ = [
     "Residency",
     "ResidencyStats",
     "SlotIO",
+    "SlotLease",
     "Tensor",
     "TensorDesc",
     "TruncatedArtifact",
