@@ -28,11 +28,11 @@ float32 bytes (`Content-Type: application/octet-stream`) and answers
 POST /v1/classify_image takes pictures of any size: raw u8 pixels, HWC (RGB), as
 `application/octet-stream` with `X-Image-Shape: height,width,3` (or `n,height,width,3`
 for n pictures of one size; `X-Image-Dtype`, when given, must be `u8`). The
-preprocessing runs on the device through `hrx_async.image.ImageOps`, recorded into the
-same graph as the model:
+preprocessing runs on the device through `hrx_async.image.ImageOps`, as a prepared model
+whose output device tensor is fed to the classifier (chained: no host round trip):
 
     raw u8 [B,h,w,3] nhwc -> resize (bilinear, half-pixel) -> u8 [B,16,16,3]
-    -> normalize ((x/255 - mean) / std) -> f32 [B,3,16,16] nchw -> patchify -> patches ...
+    -> normalize ((x/255 - mean) / std) -> f32 x [B,3,16,16] nchw => classifier(x) ...
 
 and answers like /v1/classify. Its plans are cached by (batch size, height, width) and
 the image kernels by shape in `ImageOps`' own cache, so a repeated shape prepares
@@ -325,13 +325,12 @@ def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) ->
 
 
 async def build_image_plan(
-    rt: hrx.Runtime, ops: ImageOps, weights: hrx.Weights, shape: tuple[int, int, int], slots: int
+    rt: hrx.Runtime, ops: ImageOps, shape: tuple[int, int, int], slots: int
 ) -> hrx.PreparedModel:
-    """The model behind device preprocessing of u8 [batch, height, width, 3] pictures; every
-    slot is recorded here (the image operations are awaited for their plans)."""
+    """Device preprocessing of u8 [batch, height, width, 3] pictures into the classifier's
+    f32 input x; every slot is recorded here (image operations are awaited for plans)."""
     batch, height, width = shape
-    head = load_head(rt, batch)
-    ctx, label = hrx.ModelContext(rt), f"image-classifier-b{batch}-{height}x{width}"
+    ctx, label = hrx.ModelContext(rt), f"preprocess-b{batch}-{height}x{width}"
     slot_ios: list[hrx.SlotIO] = []
     for _ in range(slots):
         t = ctx.tensor
@@ -340,14 +339,11 @@ async def build_image_plan(
         )
         small = t(hrx.TensorDesc("u8", (batch, H, W, C), layout="nhwc"), hrx.GPU_LOCAL, "small")
         x = t(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
-        patches = patches_tensor(ctx, batch)
         g = rt.graph(label)
         await ops.resize(g, raw, small, "bilinear")
         await ops.normalize(g, small, x, MEAN, STD)
-        await ops.patchify(g, x, patches, P)
-        logits = record_head(ctx, g, head, weights, patches)
-        slot_ios.append(hrx.SlotIO({"image": raw}, {"logits": logits}, g.prepare()))
-    return hrx.PreparedModel(ctx, slots, lambda _ctx, index: slot_ios[index], label)
+        slot_ios.append(hrx.SlotIO({"image": raw}, {"x": x}, g.prepare()))
+    return hrx.PreparedModel(ctx, slots, lambda _ctx, i: slot_ios[i], label, eager=True)
 
 
 def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
@@ -456,8 +452,7 @@ class ModelServer:
     async def prepare_image(self, shape: tuple[int, int, int]) -> Plan:
         lease = await self.lease_weights()
         try:
-            model = await build_image_plan(self.rt, self.ops, lease.value, shape, self.slots)
-            return Plan(model, lease)
+            return Plan(await build_image_plan(self.rt, self.ops, shape, self.slots), lease)
         except BaseException:
             lease.release()
             raise
@@ -476,10 +471,17 @@ class ModelServer:
         batch = next(b for b in BATCHES if b >= n)
         padded = np.zeros((batch, height, width, C), np.uint8)
         padded[:n] = pictures
-        key = (batch, height, width)
-        async with self.image_plans.use(key, lambda: self.prepare_image(key), timeout=30) as plan:
-            outputs = await plan.model.infer({"image": padded})
-        return outputs["logits"][:n]
+        key, raw = (batch, height, width), padded.tobytes()
+        # preprocess -> classifier on the device: x never comes back to the host.
+        async with (
+            self.image_plans.use(key, lambda: self.prepare_image(key), timeout=30) as pre,
+            self.plans.use(batch, lambda: self.prepare(batch), timeout=30) as plan,
+        ):
+            x = await pre.model.submit_host_with(
+                lambda i, memory: memory.__setitem__(slice(None), raw)
+            )
+            logits = (await (await plan.model.submit(x.outputs)).download())[0]
+        return np.frombuffer(logits, np.float32).reshape(batch, CLASSES)[:n]
 
     async def close(self) -> None:
         await self.plans.clear()

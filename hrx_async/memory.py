@@ -1,4 +1,4 @@
-"""Placements, buffers, views and the memory budget.
+"""Placements, buffers and views (the memory budget is `budget.py`'s, re-exported here).
 
 Buffers are created by a runtime (`Runtime.allocate`); this module holds the
 backend-neutral allocation record. Native storage is owned by the backend and
@@ -11,14 +11,15 @@ from __future__ import annotations
 import builtins
 import enum
 import itertools
-import threading
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _validate
-from .errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
+from .budget import MemoryBudget as MemoryBudget
+from .budget import Reservation as Reservation
+from .errors import ContractError, RuntimeClosed
 
 if TYPE_CHECKING:
     from .errors import HrxError
@@ -417,50 +418,6 @@ class HostMapping:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_amount(nbytes: object, what: str) -> int:
-    # A negative charge would silently grow the budget, a negative release shrink it.
-    return _validate.integer(nbytes, f"a memory budget {what}", 1)
-
-
-class MemoryBudget:
-    """A byte budget charged before every allocation. Thread-safe."""
-
-    __slots__ = ("_lock", "limit", "reserved_bytes")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = _validate.integer(limit, "a memory budget (bytes)", 1)
-        self.reserved_bytes = 0
-        self._lock = threading.Lock()
-
-    def charge(self, nbytes: int) -> None:
-        """Reserve `nbytes`: `BudgetExceeded` if it can never fit, `Busy` if it does not fit now."""
-        nbytes = _check_amount(nbytes, "charge")
-        if nbytes > self.limit:
-            raise BudgetExceeded(
-                f"{nbytes} bytes can never fit in a memory budget of {self.limit} bytes"
-            )
-        with self._lock:
-            if self.reserved_bytes + nbytes > self.limit:
-                raise Busy(
-                    f"{nbytes} bytes do not fit now: {self.reserved_bytes} of {self.limit} "
-                    "budget bytes are in use"
-                )
-            self.reserved_bytes += nbytes
-
-    def release(self, nbytes: int) -> None:
-        nbytes = _check_amount(nbytes, "release")
-        with self._lock:
-            if nbytes > self.reserved_bytes:
-                raise ContractError(
-                    f"cannot release {nbytes} bytes: only {self.reserved_bytes} are reserved"
-                )
-            self.reserved_bytes -= nbytes
-
-    @property
-    def available_bytes(self) -> int:
-        return self.limit - self.reserved_bytes
 
 
 def view_of(value: object, domain: Domain, what: str) -> View:

@@ -107,7 +107,9 @@ class Runtime:
     npu: "auto" (HRX_NPU, else "xrt" when pyxrt imports and `xrt.device(0)` opens, else
     sim NPUs; `fallback_reasons` says why xrt was skipped), "sim", "xrt" (raises
     `BackendUnavailable` when it cannot open), or None for no NPU.
-    memory_budget: None or bytes >= 1. max_submissions: >= 1. device: >= 0.
+    memory_budget: None, bytes >= 1, or a MemoryBudget to share (`Residency.budget`: one
+    ceiling for allocations and cached values, evicting idle ones).
+    max_submissions: >= 1. device: >= 0.
     sim_npus: 0..64. label: a string. Integers may be numpy integers, never bools or
     floats; anything else raises `ContractError`.
 
@@ -132,7 +134,7 @@ class Runtime:
         self,
         backend: str = "auto",
         npu: str | None = "auto",
-        memory_budget: int | None = None,
+        memory_budget: int | MemoryBudget | None = None,
         max_submissions: int = 64,
         device: int = 0,
         sim_npus: int = 1,
@@ -142,14 +144,16 @@ class Runtime:
         # Names are checked when the backend opens (`async with`), where HRX_BACKEND is read.
         backend = _validate.text(backend, f"backend (auto, {', '.join(GPU_BACKENDS)})", empty=False)
         npu = _validate.choice(npu, "npu", NPU_CHOICES)
-        if memory_budget is not None:
-            memory_budget = _validate.integer(memory_budget, "memory_budget (bytes)", 1)
+        if memory_budget is not None and not isinstance(memory_budget, MemoryBudget):
+            memory_budget = MemoryBudget(
+                _validate.integer(memory_budget, "memory_budget (bytes)", 1)
+            )
         max_submissions = _validate.integer(max_submissions, "max_submissions", 1)
         device = _validate.integer(device, "device", 0)
         gpus = (device,) if devices is None else _device_list(devices, device)
         sim_npus = _validate.integer(sim_npus, "sim_npus", 0, _MAX_SIM_NPUS)
         label = _validate.text(label, "label")
-        self._budget = MemoryBudget(memory_budget) if memory_budget is not None else None
+        self._budget = memory_budget
         self._backend_name = backend
         self._npu_mode = npu
         self._sim_npus = sim_npus if npu is not None else 0

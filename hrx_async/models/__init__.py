@@ -14,24 +14,30 @@ from .artifacts import (
     read_safetensors_header,
     write_safetensors,
 )
+from .chain import Inference, SlotLease
+from .device import DeviceTensor, LeasedView
 from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
-from .residency import Lease, Residency, ResidencyStats
+from .residency import Lease, Pin, Residency, ResidencyStats, UnitBudget
 from .tensor import DType, Layout, Tensor, TensorDesc, bf16_from_f32, f32_from_bf16
 
 __all__ = [
     "ArtifactError",
     "DType",
+    "DeviceTensor",
+    "Inference",
     "Job",
     "JobState",
     "Jobs",
     "Layout",
     "Lease",
+    "LeasedView",
     "MislabeledArtifact",
     "ModelContext",
     "ModelSlot",
     "OversizedArtifact",
+    "Pin",
     "PlanCache",
     "PlanCacheStats",
     "PlanHandle",
@@ -39,9 +45,11 @@ __all__ = [
     "Residency",
     "ResidencyStats",
     "SlotIO",
+    "SlotLease",
     "Tensor",
     "TensorDesc",
     "TruncatedArtifact",
+    "UnitBudget",
     "Weights",
     "bf16_from_f32",
     "f32_from_bf16",

@@ -54,6 +54,7 @@ METADATA = "__metadata__"
 _FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _LARGEST_DIGITS = len(str(2**64))  # a number with more digits cannot be a u64
 
+
 class ArtifactError(ContractError):
     """A model artifact breaks its format or disagrees with what was expected."""
 

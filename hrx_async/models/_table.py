@@ -27,6 +27,12 @@ Rules, all on one event loop thread:
 * A loader (or a task it starts) that asks the same table for its own key, or for room
   that cannot come while its own loads hold their reservations, would wait for itself
   forever: that is a `ContractError` at once.
+* With a `ceiling` (a `MemoryBudget`, the residency's), the table's charges and the
+  budget's live reservations share one limit: admission is checked against both under the
+  budget's lock, and the budget evicts through `evict_one_now`/`evict_one`. A budgeted
+  entry costs nothing itself: its value's guards (taken through `UnitBudget`) are charged
+  as live reservations and released when it is evicted or its loader fails. Pinned
+  entries are never evicted.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
+from ..budget import MemoryBudget, Reservation
 from ..errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
 
 V = TypeVar("V")
@@ -57,9 +64,25 @@ class State(enum.Enum):
 
 
 class Entry(Generic[V]):
-    __slots__ = ("cost", "error", "holds", "key", "ready", "state", "value", "waiters")
+    __slots__ = (
+        "cost",
+        "error",
+        "guards",
+        "holds",
+        "idle",
+        "key",
+        "pins",
+        "ready",
+        "state",
+        "value",
+        "waiters",
+    )
 
     def __init__(self, key: Hashable, cost: int) -> None:
+        self.guards: list[Reservation] | None = None
+        """A budgeted entry's guards (taken by its loader or value through `UnitBudget`)."""
+        self.idle: Callable[[Any], bool] | None = None
+        self.pins = 0
         self.key = key
         self.cost = cost
         self.state = State.LOADING
@@ -91,14 +114,38 @@ async def call_release(release: Callable[[Any], object] | None, value: object) -
         await outcome
 
 
+def release_guards(entry: Entry[Any]) -> None:
+    guards = entry.guards
+    if guards:
+        for guard in guards:
+            guard.release()
+        guards.clear()
+
+
+def entry_idle(entry: Entry[Any]) -> bool:
+    if entry.idle is not None:
+        return bool(entry.idle(entry.value))
+    return value_idle(entry.value)
+
+
 class Table(Generic[V]):
     """See the module docstring. `what` names the table in messages ("plan cache", ...)."""
 
     def __init__(
-        self, budget: int, release: Callable[[Any], object] | None, what: str, unit: str
+        self,
+        budget: int,
+        release: Callable[[Any], object] | None,
+        what: str,
+        unit: str,
+        ceiling: MemoryBudget | None = None,
+        release_now: Callable[[Any], bool] | None = None,
     ) -> None:
         self.budget = budget
         self.used = 0
+        self.ceiling = ceiling
+        self.release_now = release_now
+        """Releases a value synchronously (False: it cannot be, nothing done); None: the
+        budget's synchronous reserve evicts nothing."""
         self.what = what
         self.unit = unit
         self.release = release
@@ -144,8 +191,10 @@ class Table(Generic[V]):
         loader: Callable[[], Awaitable[tuple[V, int]]],
         wait: bool,
         timeout: float | None,
+        setup: Callable[[Entry[V]], None] | None = None,
     ) -> Entry[V]:
-        """The ready entry of `key`, held once for the caller; loads it when missing."""
+        """The ready entry of `key`, held once for the caller; loads it when missing
+        (`setup` prepares a new entry before its loader runs)."""
         if cost > self.budget:
             raise BudgetExceeded(
                 f"{cost} {self.unit} can never fit in the {self.what}'s budget of "
@@ -175,8 +224,8 @@ class Table(Generic[V]):
                     )
                 await self._wait_for_change(cost, deadline, poll=False)
                 continue
-            if self.used + cost <= self.budget:
-                return await self._load(key, cost, loader)
+            if self.admit(cost):
+                return await self._load(key, cost, loader, admitted=True, setup=setup)
             await self._make_room(cost, wait, deadline)
 
     def _own_loads(self) -> list[Entry[V]]:
@@ -222,12 +271,46 @@ class Table(Generic[V]):
             raise error
         return False
 
+    def admit(self, cost: int) -> bool:
+        """Charge `cost` when it fits (with the ceiling's live reservations counted)."""
+        if self.ceiling is not None:
+            return self.ceiling._admit_resident(self, cost)
+        if self.used + cost > self.budget:
+            return False
+        self.used += cost
+        return True
+
+    def outside(self) -> int:
+        """Bytes of the ceiling charged outside this table (live reservations)."""
+        return 0 if self.ceiling is None else self.ceiling.live_bytes
+
+    def weight(self, entry: Entry[V]) -> int:
+        """What evicting `entry` gives back: its cost, plus a budgeted entry's live guards."""
+        guards = entry.guards
+        return entry.cost + (sum(g.bytes() for g in guards) if guards else 0)
+
+    def evictable(self, entry: Entry[V]) -> bool:
+        return (
+            entry.state is State.READY
+            and entry.holds == 0
+            and entry.pins == 0
+            and entry_idle(entry)
+        )
+
     async def _load(
-        self, key: Hashable, cost: int, loader: Callable[[], Awaitable[tuple[V, int]]]
+        self,
+        key: Hashable,
+        cost: int,
+        loader: Callable[[], Awaitable[tuple[V, int]]],
+        admitted: bool = False,
+        setup: Callable[[Entry[V]], None] | None = None,
     ) -> Entry[V]:
         entry: Entry[V] = Entry(key, cost)
+        if setup is not None:
+            setup(entry)
+        if not admitted:
+            self.used += cost
         self.entries[key] = entry
-        self.used += cost
         self.misses += 1
         token = _LOADING.set((*_LOADING.get(), entry))
         try:
@@ -235,13 +318,14 @@ class Table(Generic[V]):
         except BaseException as exc:
             del self.entries[key]
             self.used -= cost
+            release_guards(entry)
             entry.error = exc
             entry.ready.set()
             self.notify()
             raise
         finally:
             _LOADING.reset(token)
-        assert 1 <= final <= cost
+        assert (entry.guards is not None or final >= 1) and final <= cost
         entry.value = value
         self.used -= cost - final
         entry.cost = final
@@ -256,16 +340,16 @@ class Table(Generic[V]):
         """LRU-first idle unheld ready entries whose eviction makes `cost` fit (with the
         charges of releases already running counted as room when `count_releasing`);
         None when even all of them would not."""
-        missing = self.used + cost - self.budget
+        missing = self.outside() + self.used + cost - self.budget
         if count_releasing:
             missing -= sum(e.cost for e in self.entries.values() if e.state is State.EVICTING)
         chosen: list[Entry[V]] = []
         for entry in self.entries.values():
             if missing <= 0:
                 break
-            if entry.state is State.READY and entry.holds == 0 and value_idle(entry.value):
+            if self.evictable(entry):
                 chosen.append(entry)
-                missing -= entry.cost
+                missing -= self.weight(entry)
         return chosen if missing <= 0 else None
 
     async def _make_room(self, cost: int, wait: bool, deadline: float | None) -> None:
@@ -278,8 +362,9 @@ class Table(Generic[V]):
             raise Busy(self.busy_message(cost))
         # Either releases already running will make the room (chosen == []), or only
         # handles being released or busy values becoming idle can.
-        blocked_by_busy_values = chosen is None and any(
-            e.state is State.READY and e.holds == 0 for e in self.entries.values()
+        blocked_by_busy_values = self.outside() > 0 or (
+            chosen is None
+            and any(e.state is State.READY and e.holds == 0 for e in self.entries.values())
         )
         await self._wait_for_change(cost, deadline, poll=blocked_by_busy_values)
 
@@ -318,10 +403,7 @@ class Table(Generic[V]):
                     self.entries.move_to_end(entry.key)
                     failures.append((entry, exc))
                 else:
-                    del self.entries[entry.key]
-                    self.used -= entry.cost
-                    self.evictions += 1
-                    entry.value = None
+                    self._forget(entry)
                 self.notify()
         if failures:
             (_, first), *others = failures
@@ -332,27 +414,71 @@ class Table(Generic[V]):
                 )
             raise first
 
+    def _forget(self, entry: Entry[V]) -> None:
+        """An evicted entry's release finished: drop it, then give its charge back."""
+        del self.entries[entry.key]
+        self.used -= entry.cost
+        self.evictions += 1
+        entry.value = None
+        release_guards(entry)
+
+    def evict_one_now(self) -> bool:
+        """Evict the least recently used evictable entry whose value can be released
+        synchronously (the budget's synchronous reserve); False when there is none."""
+        release_now = self.release_now
+        if release_now is None:
+            return False
+        for entry in list(self.entries.values()):
+            if not self.evictable(entry):
+                continue
+            entry.state = State.EVICTING
+            try:
+                done = release_now(entry.value)
+            except BaseException:
+                entry.state = State.READY
+                self.entries.move_to_end(entry.key)
+                self.notify()
+                raise
+            if not done:
+                entry.state = State.READY
+                continue
+            self._forget(entry)
+            self.notify()
+            return True
+        return False
+
+    async def evict_one(self) -> bool:
+        """Evict the least recently used evictable entry (awaiting its release)."""
+        for entry in self.entries.values():
+            if self.evictable(entry):
+                await self.evict_entries([entry])
+                return True
+        return False
+
+    def releasing(self) -> bool:
+        return any(e.state is State.EVICTING for e in self.entries.values())
+
+    async def wait_changed(self) -> None:
+        await self._wait_changed(poll=True)
+
     async def evict(self, key: Hashable) -> None:
         entry = self.entries.get(key)
         if entry is None:
             raise ContractError(f"the {self.what} has no entry {key!r}")
         if entry.state is not State.READY:
             raise Busy(f"{self.what} entry {key!r} is {entry.state.value}")
-        if entry.holds:
-            raise Busy(f"{self.what} entry {key!r} is held {entry.holds} time(s)")
-        if not value_idle(entry.value):
+        if entry.holds or entry.pins:
+            raise Busy(
+                f"{self.what} entry {key!r} is held {entry.holds} time(s) and pinned "
+                f"{entry.pins} time(s)"
+            )
+        if not entry_idle(entry):
             raise Busy(f"{self.what} entry {key!r} is still busy (its value is not idle)")
         await self.evict_entries([entry])
 
     async def clear(self) -> None:
         """Evict every ready, unheld, idle entry (the others stay)."""
-        await self.evict_entries(
-            [
-                e
-                for e in self.entries.values()
-                if e.state is State.READY and e.holds == 0 and value_idle(e.value)
-            ]
-        )
+        await self.evict_entries([e for e in self.entries.values() if self.evictable(e)])
 
 
 class Hold(Generic[V]):

@@ -29,20 +29,22 @@ non-waiting acquire `slot_nowait()` raises `Busy`. For the event loop thread onl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from ..completion import Completion
 from ..errors import ContractError
-from ..memory import HOST_VISIBLE, Buffer, Placement
+from ..memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
 from ..prepared import PreparedGraph
 from ..runtime import Runtime
 from ..slots import Slot, SlotPool
-from . import _check
+from . import _check, chain
+from .chain import Inference, SlotLease
+from .device import DeviceTensor, producers, trailing_check
 from .tensor import Tensor, TensorDesc
 
 
@@ -58,8 +60,29 @@ class ModelContext:
         """Whether `tensor` is a Tensor of this context (in a buffer of its runtime)."""
         return isinstance(tensor, Tensor) and self.runtime.owns(tensor.view)
 
+    def validate_device(self, tensor: object, what: str = "a tensor") -> DeviceTensor:
+        """`tensor` when it is a DeviceTensor of this context (its view in this runtime's
+        memory, its producer this runtime's or done), else `ContractError`."""
+        if not isinstance(tensor, DeviceTensor):
+            raise ContractError(f"{what} must be a DeviceTensor, got {_check.shown(tensor)}")
+        view, producer = tensor.view, tensor.producer
+        scheduler = getattr(self.runtime, "_scheduler", None)
+        if (view is not None and not self.runtime.owns(view)) or (
+            producer is not None and not producer.done() and producer.owner is not scheduler
+        ):
+            raise ContractError(
+                f"{what} {tensor} belongs to another model context (this context's runtime "
+                f"is {self.runtime.domain.label})"
+            )
+        if view is not None:
+            view.buffer.check_alive()
+        return tensor
+
     def validate(self, tensor: object, what: str = "a tensor") -> Tensor:
         """`tensor` when it is a live Tensor of this context, else `ContractError`."""
+        if isinstance(tensor, DeviceTensor):
+            self.validate_device(tensor, what)
+            return tensor  # type: ignore[return-value]
         if not isinstance(tensor, Tensor):
             raise ContractError(f"{what} must be a Tensor, got {_check.shown(tensor)}")
         if not self.runtime.owns(tensor.view):
@@ -98,6 +121,129 @@ class ModelContext:
         buffer = self.allocate(max(desc.nbytes, 1), placement, label)
         return Tensor(desc, buffer.view())
 
+    # -- device tensors --------------------------------------------------------------
+
+    def allocate_with(
+        self, desc: TensorDesc, placement: Placement, label: str = ""
+    ) -> DeviceTensor:
+        """A zeroed device tensor in its own buffer; an empty one allocates nothing."""
+        if not isinstance(desc, TensorDesc):
+            raise ContractError(f"allocate_with() takes a TensorDesc, got {_check.shown(desc)}")
+        if desc.empty:
+            return DeviceTensor(desc, None)
+        return DeviceTensor(desc, self.allocate(desc.nbytes, placement, label).view())
+
+    def device_tensor(
+        self, desc: TensorDesc, view: View | None, producer: Completion | None = None
+    ) -> DeviceTensor:
+        """`desc` over `view` (this runtime's, long enough, aligned) written by `producer`
+        (this runtime's, or done). `tensor(desc, view, producer)` in the original."""
+        return self.validate_device(DeviceTensor(desc, view, producer), "the tensor")
+
+    async def upload_tensor(
+        self, desc: TensorDesc, data: Any, placement: Placement = GPU_LOCAL
+    ) -> DeviceTensor:
+        """A new tensor holding `data` (bytes-like, exactly `desc.nbytes`), written through
+        fresh staging; its producer is the upload. On failure nothing stays allocated."""
+        if not isinstance(desc, TensorDesc):
+            raise ContractError(f"upload_tensor() takes a TensorDesc, got {_check.shown(desc)}")
+        raw = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+        if raw.nbytes != desc.nbytes:
+            raise ContractError(f"{desc} holds {desc.nbytes} bytes; got {raw.nbytes}")
+        dst = self.allocate_with(desc, placement, "upload")
+        if dst.view is None:
+            return dst
+        try:
+            if placement.host_mappable:
+                async with dst.view.map_write() as memory:
+                    memory[:] = raw
+                return dst
+            stage = self.allocate(desc.nbytes, HOST_VISIBLE, "upload-staging")
+            async with stage.map_write() as memory:
+                memory[:] = raw
+            graph = self.runtime.graph("tensor-upload")
+            graph.copy(dst.view, stage.view())
+            return dst.with_producer(graph.prepare().submit())
+        except BaseException:
+            dst.view.buffer.free()
+            raise
+
+    def copy_into(self, dst: DeviceTensor, offset: int, src: DeviceTensor) -> DeviceTensor:
+        """Copy `src` into `dst` at byte `offset`, after both producers: `dst` with the
+        copy as its producer (src's lease is held until the copy finishes)."""
+        dst = self.validate_device(dst, "the copy's destination")
+        src = self.validate_device(src, "the copy's source")
+        offset = _check.integer(offset, "a copy offset (bytes)", 0)
+        if offset + src.nbytes > dst.nbytes:
+            raise ContractError(
+                f"{src.desc} at byte {offset} ends past the destination's {dst.nbytes} bytes"
+            )
+        if src.desc.dtype is not dst.desc.dtype:
+            raise ContractError(f"cannot copy {src.desc} into {dst.desc}: the dtypes differ")
+        if not (src.desc.contiguous and dst.desc.contiguous):
+            raise ContractError("copy_into() needs contiguous source and destination")
+        if offset % dst.desc.dtype.itemsize:
+            raise ContractError(f"offset {offset} is not aligned to {dst.desc.dtype.value}")
+        if src.view is None or dst.view is None:
+            return dst.with_producer(dst.producer if not src.after() else src.producer)
+        target, source = dst.binding(), src.binding()
+        assert target is not None and source is not None
+        graph = self.runtime.graph("tensor-copy-into")
+        graph.copy(target.slice(offset, src.nbytes), source)
+        done = graph.prepare().submit(producers((dst, src)))
+        return dst.with_producer(done)
+
+    def concatenate(self, tensors: Any, placement: Placement | None = None) -> DeviceTensor:
+        """A new tensor of `tensors` joined along axis 0 (each checked against the first:
+        dtype, layout, rank, trailing dimensions, contiguity), after every producer."""
+        items = list(tensors) if not isinstance(tensors, DeviceTensor) else None
+        if not items:
+            raise ContractError("concatenate() takes a non-empty list of DeviceTensors")
+        checked = [self.validate_device(t, f"concatenate input {i}") for i, t in enumerate(items)]
+        first = checked[0]
+        if first.desc.rank == 0:
+            raise ContractError("concatenate() cannot join scalars (rank 0) along axis 0")
+        if not first.desc.contiguous:
+            raise ContractError(f"concatenate input 0 ({first.desc}) is not contiguous")
+        for index, other in enumerate(checked[1:], 1):
+            trailing_check(first, other, index)
+        rows = sum(t.desc.shape[0] for t in checked)
+        desc = TensorDesc(first.desc.dtype, (rows, *first.desc.shape[1:]), None, first.desc.layout)
+        where = placement or (first.view.buffer.placement if first.view else GPU_LOCAL)
+        out = self.allocate_with(desc, where, "concatenate")
+        after = producers(checked)
+        if out.view is None:
+            return out.with_producer(after[0] if after else None)
+        graph = self.runtime.graph("tensor-concatenate")
+        at = 0
+        for tensor in checked:
+            source = tensor.binding()
+            if source is not None:
+                graph.copy(out.view.slice(at, tensor.nbytes), source)
+                at += tensor.nbytes
+        return out.with_producer(graph.prepare().submit(after))
+
+    async def _read_device(self, tensor: DeviceTensor) -> bytes:
+        tensor = self.validate_device(tensor)
+        for producer in tensor.after():
+            await producer
+        view = tensor.view
+        if view is None:
+            return b""
+        if view.buffer.placement.host_mappable:
+            async with view.map_read() as memory:
+                return bytes(memory)
+        stage = self.allocate(view.nbytes, HOST_VISIBLE, "download-staging")
+        try:
+            graph = self.runtime.graph("tensor-download")
+            graph.copy(stage.view(), view)
+            await graph.prepare().submit()
+            async with stage.map_read() as memory:
+                return bytes(memory)
+        finally:
+            del graph
+            stage.free()
+
     async def upload(self, tensor: Tensor, array: Any, staging: Buffer | None = None) -> None:
         """Write `array` into `tensor`: in place when host-mappable, else through `staging`
         (a host-visible buffer of at least `tensor.nbytes`; a temporary one when None)."""
@@ -117,8 +263,19 @@ class ModelContext:
             if own:
                 stage.free()
 
-    async def download(self, tensor: Tensor, staging: Buffer | None = None) -> np.ndarray[Any, Any]:
-        """A numpy copy of `tensor` (through `staging` when it is device-only)."""
+    @overload
+    async def download(
+        self, tensor: Tensor, staging: Buffer | None = None
+    ) -> np.ndarray[Any, Any]: ...
+
+    @overload
+    async def download(self, tensor: DeviceTensor, staging: None = None) -> bytes: ...
+
+    async def download(self, tensor: Tensor | DeviceTensor, staging: Buffer | None = None) -> Any:
+        """A numpy copy of `tensor` (through `staging` when it is device-only); for a
+        `DeviceTensor`, its bytes (stride gaps included) once its producer is done."""
+        if isinstance(tensor, DeviceTensor):
+            return await self._read_device(tensor)
         tensor = self.validate(tensor)
         if tensor.desc.empty or tensor.view.buffer.placement.host_mappable:
             return await tensor.read()
@@ -155,6 +312,8 @@ class SlotIO:
     graph: PreparedGraph
     extra: Any = None
     staging: dict[str, tuple[Tensor, PreparedGraph]] = field(default_factory=dict)
+    copies: dict[str, dict[Any, Any]] = field(default_factory=dict)
+    """Prepared copies of device tensors into each input, by source bytes (`chain`)."""
 
 
 class ModelSlot:
@@ -233,6 +392,7 @@ class PreparedModel:
         slots: int,
         factory: Callable[[ModelContext, int], SlotIO],
         label: str = "model",
+        eager: bool = False,
     ) -> None:
         if not isinstance(context, ModelContext):
             raise ContractError(
@@ -243,11 +403,17 @@ class PreparedModel:
         self.context = context
         self.label = label
         self.staging_buffers = 0
+        self.copy_graphs = 0
         self._factory = factory
         self._owners: dict[int, int] = {}  # buffer ident -> slot index, for writable I/O
         self._io_descs: tuple[int, dict[str, TensorDesc], dict[str, TensorDesc]] | None = None
         """(slot index, input descs, output descs) of the first slot built: every slot's."""
         self.pool: SlotPool[SlotIO] = SlotPool(context.runtime, slots, self._build, label)
+        if eager:
+            # Build (and check) every slot now: a refused slot fails the constructor.
+            held = [self.pool.acquire_nowait() for _ in range(slots)]
+            for slot in held:
+                slot.release()
 
     def _build(self, runtime: Runtime, index: int) -> SlotIO:
         io = self._factory(self.context, index)
@@ -302,6 +468,27 @@ class PreparedModel:
     def idle(self) -> bool:
         """No slot held and no run on the device (a plan cache evicts only idle models)."""
         return self.pool.idle
+
+    def is_idle(self) -> bool:
+        """Nothing leased and nothing running: the plan cache's idle test."""
+        return self.pool.idle
+
+    def try_acquire(self) -> SlotLease:
+        """A slot lease now, or `Busy` while every slot is leased or still running."""
+        return SlotLease(self, self.pool.acquire_nowait())
+
+    async def acquire(self) -> SlotLease:
+        """A slot lease, waiting (first come, first served) for a free slot."""
+        return SlotLease(self, await self.pool.acquire().__aenter__())
+
+    async def submit(self, inputs: Sequence[DeviceTensor]) -> Inference:
+        """Copy `inputs` into a slot's inputs after their producers and run it, without
+        waiting for anything but a free slot (see `hrx_async.models.chain`)."""
+        return chain.submit(await self.acquire(), inputs)
+
+    async def submit_host_with(self, fn: Callable[[int, memoryview], object]) -> Inference:
+        """Let `fn(i, memory)` write each input in place (or into reused staging), then run."""
+        return await chain.submit_host_with(await self.acquire(), fn)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[ModelSlot]:

@@ -24,10 +24,23 @@ raises the first failure, noting any further ones, and a load reserves nothing. 
 loads reserve nothing and leave no entry. A loader that asks its own residency for its
 own key, or for more than the budget less its own reservation, is a `ContractError`
 (it would wait for itself). For one event loop thread.
+
+One ceiling: `residency.budget` is the `MemoryBudget` the residency charges; open a
+runtime with it (`Runtime(memory_budget=residency.budget)`) and every allocation charges
+the same limit, evicting idle unleased unpinned values when it does not fit (see
+`hrx_async.budget` for which releases a synchronous allocation can run). Values whose
+memory is allocated through such a runtime, or that grow, are loaded with
+`load_budgeted(key, idle, loader)`: the entry costs nothing itself, `loader(unit)` gets
+a `UnitBudget` and charges what it holds through `unit.reserve(n)` (guards kept in the
+value; more may be added while leased, never charged twice), or allocates through the
+runtime. A loader that fails or is cancelled releases every guard it took and leaves no
+entry. `lease.pin()` keeps a value resident after its leases are gone, until the pin is
+released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
@@ -36,6 +49,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from ..budget import MemoryBudget, Reservation
 from ..errors import Busy, ContractError
 from ..memory import Buffer
 from . import _check
@@ -98,8 +112,104 @@ async def free_buffers(value: object) -> None:
                 await anyio.sleep(0.001)
 
 
+def free_buffers_now(value: object) -> bool:
+    """`free_buffers` for a synchronous eviction: False (nothing done) for a value with
+    only an `async` closer; else closes it, or frees its buffers now (one still used by
+    submitted work is left to be freed, and uncharged, when that work ends)."""
+    closer = getattr(value, "close", None)
+    if not callable(closer):
+        if callable(getattr(value, "aclose", None)):
+            return False
+        for buffer in buffers_of(value):
+            # Work still reads it: it is freed (and uncharged) once that work drops its views.
+            with contextlib.suppress(Busy):
+                buffer.free()
+        return True
+    if inspect.iscoroutinefunction(closer):
+        return False
+    closer()
+    return True
+
+
+def _release_now_of(release: Callable[[Any], object] | None) -> Callable[[Any], bool] | None:
+    if release is None:
+        return lambda value: True
+    if release is free_buffers:
+        return free_buffers_now
+    if inspect.iscoroutinefunction(release):
+        return None
+
+    def now(value: object) -> bool:
+        outcome = release(value)
+        if inspect.isawaitable(outcome):
+            raise ContractError(
+                "a release given as a plain function returned an awaitable during a "
+                "synchronous eviction; declare it `async def`"
+            )
+        return True
+
+    return now
+
+
+class UnitBudget:
+    """The budget a `load_budgeted` loader (and its value) charges through: each guard it
+    gives is also recorded for the entry, so eviction or a failed load releases it."""
+
+    __slots__ = ("_guards", "budget")
+
+    def __init__(self, budget: MemoryBudget, guards: list[Reservation]) -> None:
+        self.budget = budget
+        self._guards = guards
+
+    def reserve(self, nbytes: int) -> Reservation:
+        guard = self.budget.reserve(nbytes)
+        self._keep(guard)
+        return guard
+
+    async def reserve_wait(self, nbytes: int) -> Reservation:
+        guard = await self.budget.reserve_wait(nbytes)
+        self._keep(guard)
+        return guard
+
+    def _keep(self, guard: Reservation) -> None:
+        guards = self._guards
+        guards[:] = [g for g in guards if not g.released]
+        guards.append(guard)
+
+    def bytes(self) -> int:
+        """The bytes this unit's live guards hold."""
+        return sum(g.bytes() for g in self._guards)
+
+
+class Pin:
+    """Keeps a value resident (never evicted) until `release()` (idempotent) or collection."""
+
+    __slots__ = ("_entry", "_table", "key")
+
+    def __init__(self, table: Table[Any], entry: Entry[Any]) -> None:
+        self._table: Table[Any] | None = table
+        self._entry = entry
+        self.key = entry.key
+        entry.pins += 1
+
+    def release(self) -> None:
+        table, self._table = self._table, None
+        if table is not None:
+            self._entry.pins -= 1
+            table.notify()
+
+    def __enter__(self) -> Pin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class Lease(Hold[V]):
-    """A pin on one resident value: `value`; `release()` (idempotent) lets it be evicted.
+    """A hold on one resident value: `value`; `release()` (idempotent) lets it be evicted.
     A synchronous context manager."""
 
     __slots__ = ()
@@ -108,7 +218,13 @@ class Lease(Hold[V]):
 
     @property
     def resident_bytes(self) -> int:
+        """The residency's charge for it (0 for a budgeted value: its guards are live
+        reservations of the budget)."""
         return self._held().cost
+
+    def pin(self) -> Pin:
+        """Keep the value resident after every lease is released, until the pin is."""
+        return Pin(self._table, self._held())
 
 
 class Residency(Generic[V]):
@@ -126,7 +242,11 @@ class Residency(Generic[V]):
         if not isinstance(label, str):
             raise ContractError(f"label must be a string, got {_check.shown(label)}")
         self.label = label
-        self._table: Table[V] = Table(budget_bytes, release, label, "bytes")
+        self.budget = MemoryBudget(budget_bytes)
+        self._table: Table[V] = Table(
+            budget_bytes, release, label, "bytes", self.budget, _release_now_of(release)
+        )
+        self.budget._link(self._table, self)
 
     # -- counters --------------------------------------------------------------------
 
@@ -136,7 +256,8 @@ class Residency(Generic[V]):
 
     @property
     def reserved_bytes(self) -> int:
-        return self._table.used
+        """The whole ceiling in use: resident and loading charges and live reservations."""
+        return self.budget.reserved_bytes
 
     @property
     def resources(self) -> int:
@@ -148,7 +269,9 @@ class Residency(Generic[V]):
 
     def stats(self) -> ResidencyStats:
         t = self._table
-        return ResidencyStats(t.budget, t.used, len(t.entries), t.evictions, t.hits, t.misses)
+        return ResidencyStats(
+            t.budget, self.reserved_bytes, len(t.entries), t.evictions, t.hits, t.misses
+        )
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -203,6 +326,34 @@ class Residency(Generic[V]):
         entry = await self._table.acquire(key, peak, load, wait, timeout)
         return Lease(self._table, entry)
 
+    async def load_budgeted(
+        self,
+        key: Hashable,
+        idle: Callable[[V], bool],
+        loader: Callable[[UnitBudget], V | Awaitable[V]],
+    ) -> Lease[V]:
+        """A lease on the value of `key`, loaded by `loader(unit)` when not resident; the
+        value is evictable only while `idle(value)` is true. Nothing is reserved up front:
+        the loader charges what it holds (see the module docstring)."""
+        key = _check.key(key, "residency key")
+        _check.function(idle, "idle")
+        _check.function(loader, "loader")
+        guards: list[Reservation] = []
+        unit = UnitBudget(self.budget, guards)
+
+        def setup(entry: Entry[V]) -> None:
+            entry.guards = guards
+            entry.idle = idle
+
+        async def load() -> tuple[V, int]:
+            outcome = loader(unit)
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            return outcome, 0
+
+        entry = await self._table.acquire(key, 0, load, False, None, setup)
+        return Lease(self._table, entry)
+
     def lease(self, key: Hashable) -> Lease[V]:
         """Another lease on a resident value (`ContractError` when `key` is not resident)."""
         entry = self._ready(key)
@@ -233,4 +384,13 @@ class Residency(Generic[V]):
         return f"<Residency {self.label!r} {t.used}/{t.budget} B {len(t.entries)} resources>"
 
 
-__all__ = ["Lease", "Residency", "ResidencyStats", "buffers_of", "free_buffers"]
+__all__ = [
+    "Lease",
+    "Pin",
+    "Residency",
+    "ResidencyStats",
+    "UnitBudget",
+    "buffers_of",
+    "free_buffers",
+    "free_buffers_now",
+]
