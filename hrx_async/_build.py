@@ -23,11 +23,13 @@ COMPILED: tuple[str, ...] = (
     "hrx_async.lanes.scheduler",
     "hrx_async.lanes.watch",
     "hrx_async.backends._stream_fences",
+    "hrx_async.backends._stream",
 )
 """The modules mypyc compiles when it can: the replay path's admission, tracker, settling,
-fence sweeps and completions. Each must pass mypy --strict and the whole test suite
-compiled; none may be an entry point users call with unchecked arguments (compiled code
-raises TypeError for an argument of the wrong type, the public API ContractError).
+fence sweeps and completions, and the stream queues that launch each region. Each must pass
+mypy --strict and the whole test suite compiled; none may be an entry point users call with
+unchecked arguments (compiled code raises TypeError for an argument of the wrong type, the
+public API ContractError).
 
 Left out: lanes/notify.py (a test replaces LoopNotifier.post on an instance, which a
 compiled class forbids), and everything users call directly."""
