@@ -176,6 +176,7 @@ class HostTable:
         self._check_fault("eventSynchronize")
 
     def stream_wait_event(self, stream: Any, event: FakeEvent) -> None:
+        self._count("stream_wait_event")
         generation = event.recorded
         self._stream(stream).put(lambda: event.wait(generation))
 
@@ -473,6 +474,31 @@ async def test_a_replay_behind_one_on_the_same_device_is_issued_at_submit(
         await second  # nothing was left to skip
         async with out.map_read() as memory:
             assert bytes(memory) == bytes([9]) * 64
+
+
+async def test_a_stream_waits_once_per_other_stream_and_never_for_itself(
+    host_table: HostTable,
+) -> None:
+    """Streams run in issue order: of what a region follows, only the latest fence of each
+    other stream costs a device-side wait."""
+    host_table.delay = 0.01
+    async with hrx.Runtime(backend="fake") as rt:
+        a = rt.allocate(64, hrx.GPU_LOCAL)
+        out = rt.allocate(64, hrx.HOST_VISIBLE)
+        graph = rt.graph("fill-read")
+        graph.fill(a.view(), 7)
+        graph.copy(out.view(), a.view())
+        prepared = graph.prepare()
+        first = prepared.submit()
+        waits = host_table.calls.get("stream_wait_event", 0)
+        second = prepared.submit()
+        # Its fill follows the first fill (same stream: no wait) and the first copy (one
+        # wait); its copy follows the first copy (same stream) and its own fill (one wait).
+        assert host_table.calls.get("stream_wait_event", 0) - waits == 2
+        await first
+        await second
+        async with out.map_read() as memory:
+            assert bytes(memory) == bytes([7]) * 64
 
 
 async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:

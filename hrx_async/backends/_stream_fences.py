@@ -40,11 +40,14 @@ class StreamFence:
         "_track",
         "finished_at",
         "issued_at",
+        "sequence",
         "started_at",
     )
 
     def __init__(self, track: StreamFences, event: Any, issued_at: float) -> None:
         self._track = track
+        self.sequence = 0
+        """Its place in its stream's issue order (set by `StreamFences.add`)."""
         self._event = event
         self._callbacks: list[Callable[[Any], None]] | None = None
         self._done = False
@@ -53,6 +56,11 @@ class StreamFence:
         self.issued_at = issued_at
         self.started_at: float | None = None
         self.finished_at: float | None = None
+
+    @property
+    def track(self) -> StreamFences:
+        """The fences of the stream it was recorded on."""
+        return self._track
 
     def pending_event(self) -> Any:
         """The event to wait on device-side, or None once finished."""
@@ -165,6 +173,8 @@ class StreamFences:
         self.pool = pool
         self.lock = threading.Lock()
         self.pending: collections.deque[StreamFence] = collections.deque()
+        self.issued = 0
+        """Fences added so far (each one's `sequence`)."""
         self.watched = False
         self._last_finished = 0.0
         self._waiting_on: StreamFence | None = None
@@ -177,6 +187,8 @@ class StreamFences:
         self._waiter = FenceWaiter(self, device, name)
 
     def add(self, fence: StreamFence) -> None:
+        self.issued += 1
+        fence.sequence = self.issued
         self.pending.append(fence)
         if not self.watched:
             self._waiter.wake()
