@@ -16,16 +16,21 @@ from .artifacts import (
 )
 from .chain import Inference, SlotLease
 from .device import DeviceTensor, LeasedView
+from .fragment import ModelDefinition, ModelFragment
 from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
+from .region import Dispatch, Fill, Region, RegionBinding
 from .residency import Lease, Pin, Residency, ResidencyStats, UnitBudget
+from .session import ModelSession
 from .tensor import DType, Layout, Tensor, TensorDesc, bf16_from_f32, f32_from_bf16
 
 __all__ = [
     "ArtifactError",
     "DType",
     "DeviceTensor",
+    "Dispatch",
+    "Fill",
     "Inference",
     "Job",
     "JobState",
@@ -35,6 +40,9 @@ __all__ = [
     "LeasedView",
     "MislabeledArtifact",
     "ModelContext",
+    "ModelDefinition",
+    "ModelFragment",
+    "ModelSession",
     "ModelSlot",
     "OversizedArtifact",
     "Pin",
@@ -42,6 +50,8 @@ __all__ = [
     "PlanCacheStats",
     "PlanHandle",
     "PreparedModel",
+    "Region",
+    "RegionBinding",
     "Residency",
     "ResidencyStats",
     "SlotIO",
