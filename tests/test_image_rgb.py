@@ -404,3 +404,106 @@ def test_the_rgb_and_tensor_kernel_sources_compile_as_portable_cxx(tmp_path: Pat
             timeout=120,
         )
         assert result.returncode == 0, result.stderr
+
+
+# -- RGB views and composite_rgb -------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["unit", "symmetric"])
+@pytest.mark.parametrize("factor", [1, 2, 3])
+async def test_rgb_views_roundtrip_batches_and_reject_invalid_shapes(
+    hrx_backend: str, encoding: str, factor: int
+) -> None:
+    img = np.random.default_rng(factor).integers(0, 256, (2, 6, 6, 3), dtype=np.uint8)
+    f = factor
+    async with hrx.Runtime(backend=hrx_backend) as rt:
+        ctx = hrx.ModelContext(rt)
+        ops = RgbOps(rt)
+        src = await device(ctx, img, "nhwc")
+        views = await ops.encode_rgb(src, f, encoding)
+        assert views.shape == (2 * f * f, 3, 6 // f, 6 // f)
+        got = await ctx.download(views)
+        cells = img.reshape(2, 6 // f, f, 6 // f, f, 3).transpose(0, 2, 4, 5, 1, 3)
+        scaled = cells.reshape(views.shape).astype(np.float64)
+        want = scaled / 255 if encoding == "unit" else scaled / 127.5 - 1
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+        back = await ctx.download(await ops.decode_rgb(views, f, encoding))
+        assert back.nbytes == 4 * img.nbytes
+        if encoding == "symmetric":
+            np.testing.assert_array_equal(back, img)
+        else:
+            np.testing.assert_allclose(back, img, rtol=0, atol=2e-5)
+        rgba = await device(ctx, np.zeros((1, 6, 6, 4), np.uint8), "nhwc")
+        f32 = await device(ctx, np.zeros((1, 6, 6, 3), np.float32), "nhwc")
+        empty = ctx.tensor(hrx.TensorDesc("u8", (0, 6, 6, 3), layout="nhwc"), hrx.GPU_LOCAL)
+        big = ctx.tensor(hrx.TensorDesc("u8", (1, 6, 12, 3), layout="nhwc"), hrx.GPU_LOCAL)
+        strided = hrx.Tensor(
+            hrx.TensorDesc("u8", (1, 6, 6, 3), strides=(216, 36, 3, 1), layout="nhwc"),
+            big.view,
+        )
+        odd = await device(ctx, np.zeros((3, 3, 2, 2), np.float32), "nchw")
+        for call in (
+            lambda: ops.encode_rgb(src, 0, encoding),
+            lambda: ops.encode_rgb(src, 4, encoding),
+            lambda: ops.encode_rgb(src, 2**64 - 1, encoding),
+            lambda: ops.encode_rgb(src, 1, "signed"),
+            lambda: ops.encode_rgb(empty, 1, encoding),
+            lambda: ops.encode_rgb(rgba, 1, encoding),
+            lambda: ops.encode_rgb(f32, 1, encoding),
+            lambda: ops.encode_rgb(strided, 1, encoding),
+            lambda: ops.decode_rgb(odd, 2, encoding),
+        ):
+            with pytest.raises(hrx.ContractError):
+                await call()
+        assert ops.stats().misses == 2
+
+
+def composite_want(alpha: float, blend: float, mode: str) -> int:
+    a = min(max(alpha, 0.0), 1.0)
+    crop = np.floor(200.25 + 0.5) if mode == "quantized" else 200.25
+    v = np.floor(min(max(21 * (1 - a) + crop * a, 0), 255))
+    return int(np.rint(21 * (1 - blend) + v * blend)) if mode == "quantized" else int(v)
+
+
+async def test_composite_masks_regions_and_nonfinite_coordinates_preserve_contracts(
+    hrx_backend: str,
+) -> None:
+    async with hrx.Runtime(backend=hrx_backend) as rt:
+        ctx = hrx.ModelContext(rt)
+        ops = RgbOps(rt)
+        frame = await device(ctx, np.full((1, 1, 4, 3), 21, np.uint8), "nhwc")
+        crop = await device(ctx, np.full((1, 1, 4, 3), 200.25, np.float32), "nhwc")
+        mask = ctx.tensor(hrx.TensorDesc("f32", (1, 4)), hrx.GPU_LOCAL)
+        eye = np.array([[[1, 0, 0], [0, 1, 0]]], np.float32)
+        matrix = await device(ctx, eye)
+        for alpha in (-1.0, 0.0, 0.5, 1.0, 2.0):
+            await ctx.upload(mask, np.full((1, 4), alpha, np.float32))
+            for blend in (0.0, 0.5, 1.0):
+                for mode in ("truncate", "quantized"):
+                    out = await ops.composite_rgb(
+                        frame, crop, mask, matrix, (1, 0, 3, 1), blend, mode
+                    )
+                    got = (await ctx.download(out)).reshape(-1)
+                    want = np.full(12, 21)
+                    want[3:9] = composite_want(alpha, blend, mode)
+                    np.testing.assert_array_equal(got, want, err_msg=f"{alpha} {blend} {mode}")
+        await ctx.upload(mask, np.ones((1, 4), np.float32))
+        for tx in (np.nan, np.inf, 1e30, -1e30):
+            m = eye.copy()
+            m[0, 0, 2] = tx
+            await ctx.upload(matrix, m)
+            out = await ops.composite_rgb(frame, crop, mask, matrix, (0, 0, 4, 1), 1.0)
+            assert (await ctx.download(out) == 21).all()
+        misses = ops.stats().misses
+        for region, blend in (
+            ((0, 0, 4, 2), 1.0),
+            ((2, 0, 1, 1), 1.0),
+            ((0, 0, 1, 1), np.nan),
+            ((0, 0, 1, 1), 2.0),
+            ((0, 0, 5, 1), 0.5),
+        ):
+            with pytest.raises(hrx.ContractError):
+                await ops.composite_rgb(frame, crop, mask, matrix, region, blend)
+        with pytest.raises(hrx.ContractError):
+            await ops.composite_rgb(frame, crop, matrix, matrix, (0, 0, 1, 1))
+        assert ops.stats().misses == misses

@@ -1,4 +1,5 @@
-"""RGB operations of a detection-and-alignment service, returning leased results.
+"""RGB operations of a detection-and-alignment service, returning leased results:
+letterbox resize, affine crops (+ packed), similarity fitting, RGB views, composite.
 
     ops = RgbOps(rt)
     region = letterbox(480, 640, 640, 640)                      # (l, t, w, h): the fit
@@ -286,7 +287,156 @@ class RgbOps:
             ],
         )
 
+    async def encode_rgb(self, src: Tensor, factor: int = 1, encoding: str = "unit") -> Result:
+        """RGB views of `src` (contiguous u8 NHWC RGB [B, H, W, 3], `factor` dividing H
+        and W): f32 NCHW [B·f², 3, H/f, W/f], view b·f² + dy·f + dx holding pixels
+        (y·f + dy, x·f + dx); "unit" b/255 or "symmetric" b/127.5 − 1."""
+        n, h, w = self._rgb(src, "encode_rgb source")
+        if not src.desc.contiguous:
+            raise ContractError(
+                f"encode_rgb takes a contiguous image, got strides {src.desc.strides}"
+            )
+        f, mode = self._factor(factor, encoding)
+        if h % f or w % f:
+            raise ContractError(f"factor {f} does not divide the image's {h}x{w}")
+        out = TensorDesc(DType.F32, (n * f * f, 3, h // f, w // f), layout=Layout.NCHW)
+        total = out.numel
+        constants = image_args.pack(
+            total=total, n=n, sh=h, sw=w, dh=h // f, dw=w // f, k=f, mode=mode
+        )
+        key = ("encode_rgb", _key(src), f, mode)
+        return await self._single(key, "hrx_rgb_encode", [src], out, constants)
+
+    async def decode_rgb(self, views: Tensor, factor: int = 1, encoding: str = "unit") -> Result:
+        """The inverse of `encode_rgb`: f32 NCHW views [B·f², 3, h, w] (contiguous, batch
+        a multiple of f²) → f32 NHWC [B, h·f, w·f, 3]; "unit" v·255 (unclipped),
+        "symmetric" rint((clamp(v, ±1) + 1)·127.5)."""
+        self._input(views, "decode_rgb views")
+        d = views.desc
+        f, mode = self._factor(factor, encoding)
+        if d.dtype is not DType.F32 or d.layout is not Layout.NCHW or d.shape[1] != 3:
+            raise ContractError(
+                f"decode_rgb takes f32 NCHW views of 3 channels, got {d} {d.layout.value}"
+            )
+        if d.empty or not d.contiguous or d.shape[0] % (f * f):
+            raise ContractError(
+                f"decode_rgb views {d} must be contiguous, non-empty, batch a multiple of {f * f}"
+            )
+        v, _, h, w = d.shape
+        n = v // (f * f)
+        out = TensorDesc(DType.F32, (n, h * f, w * f, 3), layout=Layout.NHWC)
+        constants = image_args.pack(
+            total=out.numel, n=n, sh=h, sw=w, dh=h * f, dw=w * f, k=f, mode=mode
+        )
+        key = ("decode_rgb", _key(views), f, mode)
+        return await self._single(key, "hrx_rgb_decode", [views], out, constants)
+
+    async def composite_rgb(
+        self,
+        frame: Tensor,
+        crop: Tensor,
+        mask: Tensor,
+        matrix: Tensor,
+        region: Sequence[int],
+        blend: float = 1.0,
+        mode: str = "truncate",
+    ) -> Result:
+        """A copy of `frame` (u8 NHWC RGB, batch 1) with the pixels of `region` (left,
+        top, right, bottom; exclusive) composited from `crop` (f32 NHWC RGB, batch 1)
+        through `mask` (f32 [ch, cw]) at `matrix` (f32 [1, 2, 3], frame → crop):
+        "truncate" or "quantized" with `blend` in [0, 1] (see `rgb_kernels`)."""
+        _, fh, fw = self._rgb_any(frame, "composite frame", DType.U8)
+        ch, cw = self._crop_image(crop, mask)
+        self._input(matrix, "composite matrix")
+        if (
+            matrix.desc.dtype is not DType.F32
+            or matrix.desc.shape != (1, 2, 3)
+            or not matrix.desc.contiguous
+        ):
+            raise ContractError(
+                f"the composite matrix is a contiguous f32 [1, 2, 3], got {matrix.desc}"
+            )
+        if not isinstance(region, Sequence) or len(region) != 4:
+            raise ContractError(f"a region is (left, top, right, bottom), got {shown(region)}")
+        left, top, right, bottom = (_int(v, "a region value") for v in region)
+        if left > right or top > bottom or right > fw or bottom > fh:
+            raise ContractError(f"region {tuple(region)} must be ordered and inside {fh}x{fw}")
+        if (
+            isinstance(blend, bool)
+            or not isinstance(blend, int | float | np.number)
+            or not 0 <= blend <= 1
+        ):
+            raise ContractError(f"blend must be a number in [0, 1], got {shown(blend)}")
+        modes = {"truncate": 0, "quantized": 1}
+        if not isinstance(mode, str) or mode not in modes:
+            raise ContractError(f"mode must be one of {sorted(modes)}, got {shown(mode)}")
+        params = np.array([left, top, right, bottom, blend], np.float32)
+        total = fh * fw * 3
+        constants = image_args.pack(total=total, n=1, sh=ch, sw=cw, dh=fh, dw=fw, mode=modes[mode])
+        inputs = [frame.data, crop.data, mask.data, matrix.data]
+        entry = "hrx_composite_rgb"
+
+        def load() -> ResultPlan[SlotGraph]:
+            sizes = [(v.nbytes, Access.READ) for v in inputs]
+            kernel = self._kernel(
+                entry, [*sizes, (20, Access.READ), (total, Access.WRITE)], constants, total
+            )
+
+            def build(index: int) -> SlotGraph:
+                rt = self.runtime
+                prm = rt.allocate(20, HOST_VISIBLE, "composite-params")
+                out = rt.allocate(total, GPU_LOCAL, entry)
+                g = rt.graph(entry)
+                g.gpu(kernel, [*inputs, prm.view(), out.view()])
+                return SlotGraph([prm, out], g.prepare(), params=prm.view(), out=out.view())
+
+            return ResultPlan(build, SlotGraph.free, label=entry)
+
+        async def fill(slot: SlotGraph) -> None:
+            async with slot.views["params"].map_write() as memory:
+                np.frombuffer(memory, np.float32)[:] = params
+
+        out = TensorDesc(DType.U8, (1, fh, fw, 3), layout=Layout.NHWC)
+        key = (entry, *(_key(t) for t in (frame, crop, mask, matrix)), modes[mode])
+        (result,) = await self.plans.run(key, load, fill, lambda s: [(out, s.views["out"])])
+        return result
+
     # -- shared steps ----------------------------------------------------------------
+
+    @staticmethod
+    def _factor(factor: object, encoding: object) -> tuple[int, int]:
+        f = _int(factor, "the view factor", 1)
+        if f > 1 << 12:
+            raise ContractError(f"the view factor {f} is too large")
+        encodings = {"unit": 0, "symmetric": 1}
+        if not isinstance(encoding, str) or encoding not in encodings:
+            raise ContractError(
+                f"encoding must be one of {sorted(encodings)}, got {shown(encoding)}"
+            )
+        return f, encodings[encoding]
+
+    def _rgb_any(self, tensor: object, what: str, dtype: DType) -> tuple[int, int, int]:
+        t = self._input(tensor, what)
+        d = t.desc
+        if (
+            d.dtype is not dtype
+            or d.layout is not Layout.NHWC
+            or d.shape[3] != 3
+            or d.shape[0] != 1
+        ):
+            raise ContractError(
+                f"{what} must be a {dtype.value} NHWC RGB tensor of batch 1, got {d}"
+            )
+        if d.empty or not d.contiguous or max(d.shape) > MAX_DIM:
+            raise ContractError(f"{what} {d} must be non-empty, contiguous, sides at most 2**24")
+        return d.shape[0], d.shape[1], d.shape[2]
+
+    def _crop_image(self, crop: object, mask: object) -> tuple[int, int]:
+        _, ch, cw = self._rgb_any(crop, "composite crop", DType.F32)
+        m = self._input(mask, "composite mask").desc
+        if m.dtype is not DType.F32 or m.shape != (ch, cw) or not m.contiguous:
+            raise ContractError(f"the composite mask is a contiguous f32 [{ch}, {cw}], got {m}")
+        return ch, cw
 
     def _input(self, tensor: object, what: str) -> Tensor:
         if not isinstance(tensor, Tensor):
@@ -352,11 +502,11 @@ class RgbOps:
         total = math.prod(out.shape)
 
         def load() -> ResultPlan[SlotGraph]:
-            sizes = [(v.nbytes, Access.READ) for v in views] + [(total, Access.WRITE)]
+            sizes = [(v.nbytes, Access.READ) for v in views] + [(out.nbytes, Access.WRITE)]
             kernel = self._kernel(entry, sizes, constants, total)
 
             def build(index: int) -> SlotGraph:
-                buffer = self.runtime.allocate(total, GPU_LOCAL, entry)
+                buffer = self.runtime.allocate(out.nbytes, GPU_LOCAL, entry)
                 g = self.runtime.graph(entry)
                 g.gpu(kernel, [*views, buffer.view()])
                 return SlotGraph([buffer], g.prepare(), out=buffer.view())

@@ -21,6 +21,15 @@ rules (the original's), and why the two forms give the same bits:
   crop i from a byte image at records[i] = (offset, width, height); a record is valid
   iff offset < bytes, 1 ≤ width, height ≤ 32767 and width·height·3 ≤ bytes − offset; an
   invalid one gives a black crop.
+* `hrx_rgb_encode` / `hrx_rgb_decode`: RGB views (`k` the factor, mode 0 unit b/255 and
+  v·255 unclipped, 1 symmetric b/127.5 − 1 and rint((clamp(v, ±1) + 1)·127.5)). Only
+  divisions, adds and products that no compiler fuses: the same bits.
+* `hrx_composite_rgb`: a frame pixel in the region [left, right) x [top, bottom) whose
+  frame → crop position is within 1e12 on each axis takes the crop sampled bilinearly
+  (replicated borders) through α = clamp(mask sampled with zero borders, 0, 1):
+  v = trunc(clamp(orig·(1 − α) + crop·α, 0, 255)); "quantized" (mode 1) rounds the
+  crop sample half up first and ends with rint(orig·(1 − β) + v·β), β = clamp(blend,
+  0, 1). Every other pixel is the frame's. Products rounded on their own, as above.
 * `hrx_similarity_2d`: per face, the centred least-squares similarity from its points
   to the template, in double (`fit` below is the formula); status 1 and NaN matrices
   when a point is not finite, a determinant a² + b² of either matrix is not in
@@ -193,6 +202,78 @@ extern "C" __global__ void hrx_similarity_2d(const float* pts, const float* tpl,
     inv[6u * f + k] = ok ? (float)n[k] : quiet_nan();
   }
   status[f] = ok ? 0 : 1;
+}
+
+// RGB views: u8 NHWC [B, H, W, 3] <-> f32 NCHW [B * f * f, 3, H / f, W / f]; view
+// b * f * f + dy * f + dx holds pixel (y * f + dy, x * f + dx). mode 0 unit, 1 symmetric.
+extern "C" __global__ void hrx_rgb_encode(const unsigned char* src, float* dst, ImageArgs a) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.total) return;
+  unsigned f = a.k, x = i % a.dw, y = (i / a.dw) % a.dh, ch = (i / a.dw / a.dh) % 3u;
+  unsigned v = i / a.dw / a.dh / 3u, b = v / (f * f), dy = (v % (f * f)) / f, dx = v % f;
+  float s = (float)src[(((unsigned long long)b * a.sh + y * f + dy) * a.sw + x * f + dx) * 3u + ch];
+  dst[i] = a.mode == 0u ? s / 255.0f : s / 127.5f - 1.0f;
+}
+extern "C" __global__ void hrx_rgb_decode(const float* src, float* dst, ImageArgs a) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.total) return;
+  unsigned f = a.k, ch = i % 3u, px = (i / 3u) % a.dw, py = (i / 3u / a.dw) % a.dh;
+  unsigned b = i / 3u / a.dw / a.dh, v = b * f * f + (py % f) * f + px % f;
+  float s = src[(((unsigned long long)v * 3u + ch) * a.sh + py / f) * a.sw + px / f];
+  if (a.mode == 0u) {
+    dst[i] = s * 255.0f;
+  } else {
+    float c = s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
+    dst[i] = rintf((c + 1.0f) * 127.5f);
+  }
+}
+
+// composite_rgb: frame u8 [1, H, W, 3], crop f32 [1, ch, cw, 3], mask f32 [ch, cw],
+// matrix f32 [6] frame -> crop, params f32 [5] = left, top, right, bottom, blend.
+// mode 0 truncate, 1 quantized blend.
+__device__ inline float crop_tap(const float* p, unsigned h, unsigned w, unsigned c,
+                                 double y, double x, unsigned ch, bool zero) {
+  if (zero && (y < 0.0 || x < 0.0 || y >= (double)h || x >= (double)w)) return 0.0f;
+  y = y < 0.0 ? 0.0 : (y > (double)h - 1.0 ? (double)h - 1.0 : y);
+  x = x < 0.0 ? 0.0 : (x > (double)w - 1.0 ? (double)w - 1.0 : x);
+  return p[((unsigned long long)y * w + (unsigned long long)x) * c + ch];
+}
+__device__ inline float bilinear(const float* p, unsigned h, unsigned w, unsigned c,
+                                 double yy, double xx, unsigned ch, bool zero) {
+  double x0 = floor(xx), y0 = floor(yy);
+  float fx = (float)(xx - x0), fy = (float)(yy - y0);
+  float top = mul(crop_tap(p, h, w, c, y0, x0, ch, zero), 1.0f - fx)
+            + mul(crop_tap(p, h, w, c, y0, x0 + 1.0, ch, zero), fx);
+  float bottom = mul(crop_tap(p, h, w, c, y0 + 1.0, x0, ch, zero), 1.0f - fx)
+               + mul(crop_tap(p, h, w, c, y0 + 1.0, x0 + 1.0, ch, zero), fx);
+  return mul(top, 1.0f - fy) + mul(bottom, fy);
+}
+extern "C" __global__ void hrx_composite_rgb(const unsigned char* frame, const float* crop,
+                                             const float* mask, const float* m,
+                                             const float* prm, unsigned char* dst,
+                                             ImageArgs a) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.total) return;
+  unsigned ch = i % 3u, x = (i / 3u) % a.dw, y = i / 3u / a.dw;
+  unsigned char orig = frame[i];
+  dst[i] = orig;
+  if ((float)x < prm[0] || (float)x >= prm[2] || (float)y < prm[1] || (float)y >= prm[3]) return;
+  double cx = (double)m[0] * x + (double)m[1] * y + (double)m[2];
+  double cy = (double)m[3] * x + (double)m[4] * y + (double)m[5];
+  if (!(fabs(cx) <= 1e12 && fabs(cy) <= 1e12)) return;
+  float c = bilinear(crop, a.sh, a.sw, 3u, cy, cx, ch, false);
+  float alpha = bilinear(mask, a.sh, a.sw, 1u, cy, cx, 0u, true);
+  alpha = alpha < 0.0f ? 0.0f : (alpha > 1.0f ? 1.0f : alpha);
+  if (a.mode == 1u) c = floorf(c + 0.5f);
+  float o = (float)orig;
+  float v = mul(o, 1.0f - alpha) + mul(c, alpha);
+  v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+  v = floorf(v);
+  if (a.mode == 1u) {
+    float beta = prm[4] < 0.0f ? 0.0f : (prm[4] > 1.0f ? 1.0f : prm[4]);
+    v = rintf(mul(o, 1.0f - beta) + mul(v, beta));
+  }
+  dst[i] = (unsigned char)v;
 }
 """
 
@@ -367,11 +448,84 @@ def similarity_2d(arrays: list[Array], constants: bytes) -> None:
         status[f] = 0 if ok else 1
 
 
+def rgb_encode(arrays: list[Array], constants: bytes) -> None:
+    a = unpack(constants)
+    f, n = a.k, a.n
+    src = arrays[0][: n * a.sh * a.sw * 3].reshape(n, a.sh // f, f, a.sw // f, f, 3)
+    s = src.transpose(0, 2, 4, 5, 1, 3).astype(F32)  # b, dy, dx, ch, y, x
+    v = s / F32(255) if a.mode == 0 else s / F32(127.5) - F32(1)
+    arrays[1].view(F32)[: a.total] = v.reshape(-1)
+
+
+def rgb_decode(arrays: list[Array], constants: bytes) -> None:
+    a = unpack(constants)
+    f, n = a.k, a.n
+    views = arrays[0].view(F32)[: a.total].reshape(n, f, f, 3, a.sh, a.sw)
+    s = views.transpose(0, 4, 1, 5, 2, 3)  # b, y, dy, x, dx, ch
+    if a.mode == 0:
+        v = s * F32(255)
+    else:
+        v = np.rint((np.clip(s, F32(-1), F32(1)) + F32(1)) * F32(127.5))
+    arrays[1].view(F32)[: a.total] = v.astype(F32).reshape(-1)
+
+
+def _bilinear(p: Array, yy: Array, xx: Array, zero: bool) -> Array:
+    """`bilinear` over an [h, w, c] f32 image at positions `yy`, `xx` (float64)."""
+    h, w = p.shape[:2]
+    x0, y0 = np.floor(xx), np.floor(yy)
+    fx, fy = (xx - x0).astype(F32)[..., None], (yy - y0).astype(F32)[..., None]
+
+    def tap(y: Array, x: Array) -> Array:
+        v = p[np.clip(y, 0, h - 1).astype(np.int64), np.clip(x, 0, w - 1).astype(np.int64)]
+        if zero:
+            inside = (y >= 0) & (x >= 0) & (y < h) & (x < w)
+            v = np.where(inside[..., None], v, F32(0))
+        return v.astype(F32)
+
+    top = tap(y0, x0) * (F32(1) - fx) + tap(y0, x0 + 1) * fx
+    bottom = tap(y0 + 1, x0) * (F32(1) - fx) + tap(y0 + 1, x0 + 1) * fx
+    out: Array = (top * (F32(1) - fy) + bottom * fy).astype(F32)
+    return out
+
+
+def composite_rgb(arrays: list[Array], constants: bytes) -> None:
+    a = unpack(constants)
+    frame = arrays[0][: a.total].reshape(a.dh, a.dw, 3)
+    crop = arrays[1].view(F32)[: a.sh * a.sw * 3].reshape(a.sh, a.sw, 3)
+    mask = arrays[2].view(F32)[: a.sh * a.sw].reshape(a.sh, a.sw, 1)
+    m = arrays[3].view(F32)[:6].astype(np.float64)
+    left, top, right, bottom, blend = arrays[4].view(F32)[:5]
+    out = arrays[5][: a.total].reshape(a.dh, a.dw, 3)
+    out[...] = frame
+    x = np.arange(a.dw, dtype=np.float64)[None, :]
+    y = np.arange(a.dh, dtype=np.float64)[:, None]
+    xf, yf = x.astype(F32), y.astype(F32)
+    region = (xf >= left) & (xf < right) & (yf >= top) & (yf < bottom)
+    cx = m[0] * x + m[1] * y + m[2]
+    cy = m[3] * x + m[4] * y + m[5]
+    with np.errstate(invalid="ignore"):
+        use = region & (np.abs(cx) <= 1e12) & (np.abs(cy) <= 1e12)
+    cx, cy = np.where(use, cx, 0.0), np.where(use, cy, 0.0)
+    c = _bilinear(crop, cy, cx, False)
+    alpha = np.clip(_bilinear(mask, cy, cx, True), F32(0), F32(1))
+    if a.mode == 1:
+        c = np.floor(c + F32(0.5))
+    o = frame.astype(F32)
+    v = np.floor(np.clip(o * (F32(1) - alpha) + c * alpha, F32(0), F32(255)))
+    if a.mode == 1:
+        beta = np.clip(blend, F32(0), F32(1))
+        v = np.rint(o * (F32(1) - beta) + v * beta)
+    out[use] = v.astype(np.uint8)[use]
+
+
 KERNELS: dict[str, HostKernel] = {
     "hrx_resize_rgb": resize_rgb,
     "hrx_affine_rgb": affine_rgb,
     "hrx_affine_rgb_packed": affine_rgb_packed,
     "hrx_similarity_2d": similarity_2d,
+    "hrx_rgb_encode": rgb_encode,
+    "hrx_rgb_decode": rgb_decode,
+    "hrx_composite_rgb": composite_rgb,
 }
 
 __all__ = ["KERNELS", "SOURCE", "affine_crop", "fit", "precision", "record_valid", "resize_taps"]
