@@ -17,5 +17,5 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
 HRX_TEST_BACKENDS=sim,cuda timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_tensor_ops.py tests/test_image_rgb.py 2>&1 | tee "$OUT_DIR/align_cuda_tests.log"
-timeout 120 "$PYTHON" -m hrx_async.cli bench align --backend cuda --json 200 16 \
+timeout 120 "$PYTHON" -m hrx_async bench align --backend cuda --json 200 16 \
     | tee "$OUT_DIR/align_cuda.json"
