@@ -1,4 +1,4 @@
-"""The five example programs, importable from the installed package.
+"""The example programs, importable from the installed package.
 
 Each runs as `python -m hrx_async.examples.NAME [args]` or `hrx-async bench NAME
 [args]`; the repository's `examples/NAME.py` files are thin wrappers around them.
@@ -18,6 +18,7 @@ NAMES = (
     "gemm_pipeline",
     "graph_prepare",
     "image_pipeline",
+    "align",
 )
 
 

@@ -1,4 +1,6 @@
-"""Device-resident image operations: patchify, normalize, resize, affine, composite.
+"""Device-resident image operations: patchify, normalize, resize, affine, composite, and
+the RGB operations of an alignment service (`RgbOps`: letterbox resize, affine crops from
+run-time matrices, packed affine, similarity fitting).
 
 Each is recorded into a graph as one GPU kernel over tensors (`ImageOps`), with a
 bounded plan cache keyed by shapes, dtypes and parameters. The maths exists once as
@@ -8,5 +10,18 @@ C++ for NVRTC and hipRTC (`cxx`) and once as its numpy twin for the sim backend
 
 from .args import MAX_CHANNELS
 from .ops import BORDERS, RESIZE_MODES, ImageOps, ImageStats, invert_affine
+from .rgb import AFFINE_MODES, RgbOps, RgbResize, fit_similarity_2d, letterbox
 
-__all__ = ["BORDERS", "MAX_CHANNELS", "RESIZE_MODES", "ImageOps", "ImageStats", "invert_affine"]
+__all__ = [
+    "AFFINE_MODES",
+    "BORDERS",
+    "MAX_CHANNELS",
+    "RESIZE_MODES",
+    "ImageOps",
+    "ImageStats",
+    "RgbOps",
+    "RgbResize",
+    "fit_similarity_2d",
+    "invert_affine",
+    "letterbox",
+]

@@ -19,7 +19,10 @@ Field meanings (unused fields are zero):
 * `mode`: resize 0 nearest / 1 bilinear; affine 0 constant / 1 replicate border;
   composite 1 when the background has alpha. `k`: patch size, or composite's
   foreground alpha channel.
-* `mean[16]`, `stdv[16]`: normalize's per-channel mean and standard deviation.
+* `region[4]`: resize_rgb's region of the canvas (left, top, width, height).
+* `bits[2]`: resize_rgb's fixed-point precision of its vertical and horizontal pass.
+* `mean[16]`, `stdv[16]`: normalize's per-channel mean and standard deviation; the
+  RGB operations' other float parameters.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ FIELDS: tuple[tuple[str, str, int], ...] = (
     ("bs", "I", 4),
     ("mode", "I", 1),
     ("k", "I", 1),
+    ("region", "I", 4),
+    ("bits", "I", 2),
     ("mean", "f", MAX_CHANNELS),
     ("stdv", "f", MAX_CHANNELS),
 )

@@ -46,6 +46,8 @@ BORDERS = {"constant": 0, "replicate": 1}
 IMAGE_DTYPES = (DType.U8, DType.F32)
 PATCH_DTYPES = {DType.U8: 1, DType.F16: 2, DType.BF16: 2, DType.F32: 4}
 F32_MAX = float(np.finfo(np.float32).max)
+MIN_DET = 1e-20
+"""A determinant at or below this is singular (`invert_affine`, the original's bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,10 +413,16 @@ def _matrix(matrix: Any, src_to_dst: object) -> tuple[float, ...]:
         raise ContractError(f"an affine matrix is 2x3 finite numbers, got shape {m.shape}")
     if src_to_dst is True:
         det = m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]
-        if det == 0:
-            raise ContractError("the affine matrix is singular: it cannot be inverted")
+        if not abs(det) > MIN_DET:
+            raise ContractError(
+                f"the affine matrix is singular (|det| = {abs(det):.3g} <= {MIN_DET}): it "
+                "cannot be inverted"
+            )
         linear = np.array([[m[1, 1], -m[0, 1]], [-m[1, 0], m[0, 0]]]) / det
-        m = np.hstack([linear, -(linear @ m[:, 2:])])
+        with np.errstate(over="ignore", invalid="ignore"):
+            m = np.hstack([linear, -(linear @ m[:, 2:])])
+        if not np.isfinite(m).all():
+            raise ContractError("the affine matrix's inverse is not finite")
     return tuple(float(v) for v in m.reshape(-1))
 
 
