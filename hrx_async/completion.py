@@ -89,7 +89,8 @@ async def _park_trio_task(waiters: list[Any]) -> None:
 
 
 YIELD_EVERY = 8
-"""asyncio: how many awaits in a row that their own sweep finished return without yielding."""
+"""How many awaits in a row of completions already done (or finished by their own sweep)
+return without yielding to the loop."""
 _finished_without_yield = 0
 
 # Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
@@ -213,12 +214,13 @@ class Completion:
     async def wait_done(self) -> None:
         """Wait until finished without raising the submission's error.
 
-        On trio, awaiting is always a checkpoint (trio's rule). On asyncio, awaiting a
-        completion that was already done returns at once, as awaiting a finished future
-        does; so does one that this very await finishes (its sweep found the work done),
-        except that every `YIELD_EVERY`-th such await in a row yields once, so a task that
-        submits and awaits in a loop never starves the loop. (Yielding every time would
-        cost each short replay a loop iteration, a quarter of its latency.)
+        Awaiting a completion that was already done returns at once, as awaiting a
+        finished future does; so does one that this very await finishes (its sweep found
+        the work done), except that every `YIELD_EVERY`-th such await in a row yields once,
+        so a task that submits and awaits in a loop never starves the loop. (Yielding every
+        time would cost each short replay a loop iteration, a quarter of its latency on
+        asyncio and more on trio.) On trio every await is still a cancel point: a cancelled
+        caller gets `Cancelled` there, as from any of trio's own awaits.
         """
         global _finished_without_yield
         loop = self._loop
@@ -227,11 +229,13 @@ class Completion:
         source = self._source
         lead = source.sweep() if source is not None else False
         if self.finished_at is not None:
+            if _finished_without_yield < YIELD_EVERY:
+                _finished_without_yield += 1
+                if loop is None:
+                    await trio_lowlevel().checkpoint_if_cancelled()
+                return
+            _finished_without_yield = 0
             if loop is not None:
-                if _finished_without_yield < YIELD_EVERY:
-                    _finished_without_yield += 1
-                    return
-                _finished_without_yield = 0
                 await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint
             else:
                 await trio_checkpoint()()
