@@ -139,8 +139,10 @@ async def test_decode_linear_fragment_shares_dispatch_and_output_lease(
         for y, w in zip(outputs, ws, strict=True):
             want = hrx.f32_from_bf16(x).astype(np.float64) @ hrx.f32_from_bf16(w).T
             raw = await ctx.download(y)
-            got = np.frombuffer(raw, np.float32) if out == "f32" else hrx.f32_from_bf16(
-                np.frombuffer(raw, np.uint16)
+            got = (
+                np.frombuffer(raw, np.float32)
+                if out == "f32"
+                else hrx.f32_from_bf16(np.frombuffer(raw, np.uint16))
             )
             np.testing.assert_array_equal(got, want.reshape(-1).astype(np.float32))
         model = frag.prepare(1, "linear")
