@@ -14,7 +14,10 @@ range. A fourth live result of one plan is `Busy` until a result and its clones 
 are gone. A plan binds its input tensors' bytes, so the key holds them: the same tensors
 (or others at the same place) reuse it, other buffers make another plan.
 
-The maths is in `tensor_kernels` (C++ and its numpy twin, bit for bit alike).
+Each operation also has a fragment form (`gather_rows_fragment`, `finite_fragment`,
+`linear_fragment`): the same kernel as a `ModelFragment` (`models.op_fragment`), to
+prepare as slots or record into a larger graph. The maths is in `tensor_kernels` (C++
+and its numpy twin, bit for bit alike).
 """
 
 from __future__ import annotations
