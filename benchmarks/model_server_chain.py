@@ -2,7 +2,8 @@
 process: `--clients` concurrent clients for `--requests` requests in all, each 1..8 u8
 pictures of 24x20. Prints one JSON line: requests/s, p50/p99 latency (ms) and host bytes
 copied per request (uploads + downloads + host-side copies, from the runtime's counters),
-and checks every answer against the numpy reference.
+and checks every answer (logits, and labels where the server takes them on the device)
+against the numpy reference.
 
     python benchmarks/model_server_chain.py --backend sim --clients 8 --requests 400
 """
@@ -48,10 +49,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 n = int(rng.integers(1, 9))
                 pictures = rng.integers(0, 256, (n, *shape, 3), dtype=np.uint8)
                 start = time.perf_counter()
-                logits = await server.classify_image(pictures)
+                answer = await server.classify_image(pictures)
                 latencies.append(time.perf_counter() - start)
+                logits, labels = answer if isinstance(answer, tuple) else (answer, None)
                 want = ms.reference(ms.preprocess(pictures), weights)
                 assert np.allclose(logits, want, rtol=1e-3, atol=1e-3), "wrong answer"
+                if labels is not None:  # labels taken on the device
+                    assert labels.tolist() == want.argmax(axis=1).tolist(), "wrong label"
 
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:

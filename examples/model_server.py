@@ -19,7 +19,9 @@ the layer:
   weights,
 * the prepared model's slots give each request its own I/O and prepared graph, with
   host staging made on first use,
-* `Jobs` decode request bodies on worker threads, off the event loop.
+* `Jobs` decode request bodies on worker threads, off the event loop,
+* the labels (argmax) are taken on the device by a postprocess model per batch size
+  (`model_server_post.py`), chained after the classifier: a request waits once, at the end.
 
 POST /v1/classify takes `{"images": [[[[...]]]]}` (n x 3 x 16 x 16 numbers) or raw
 float32 bytes (`Content-Type: application/octet-stream`) and answers
@@ -29,10 +31,11 @@ POST /v1/classify_image takes pictures of any size: raw u8 pixels, HWC (RGB), as
 `application/octet-stream` with `X-Image-Shape: height,width,3` (or `n,height,width,3`
 for n pictures of one size; `X-Image-Dtype`, when given, must be `u8`). The
 preprocessing runs on the device through `hrx_async.image.ImageOps`, as a prepared model
-whose output device tensor is fed to the classifier (chained: no host round trip):
+whose output device tensor is fed to the classifier, whose logits feed the postprocess
+(chained: no host round trip between them):
 
-    raw u8 [B,h,w,3] nhwc -> resize (bilinear, half-pixel) -> u8 [B,16,16,3]
-    -> normalize ((x/255 - mean) / std) -> f32 x [B,3,16,16] nchw => classifier(x) ...
+    raw u8 [B,h,w,3] nhwc -> resize (bilinear, half-pixel) -> u8 [B,16,16,3] -> normalize
+    ((x/255 - mean) / std) -> f32 x [B,3,16,16] => classifier(x) => argmax -> labels
 
 and answers like /v1/classify. Its plans are cached by (batch size, height, width) and
 the image kernels by shape in `ImageOps`' own cache, so a repeated shape prepares
@@ -49,6 +52,7 @@ Exit status: 0, 1 (the weights or the backend cannot be used), 64 (usage).
 
 # No `from __future__ import annotations`: FastAPI reads the handler's annotations.
 
+import importlib.util
 import logging
 import math
 import os
@@ -57,6 +61,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, NamedTuple
 
 import numpy as np
@@ -67,11 +72,24 @@ import hrx_async as hrx
 from hrx_async.image import ImageOps
 from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
 
-C, H, W, P = 3, 16, 16, 4
-CELLS = (H // P) * (W // P)
-K = C * P * P
-D = 64
-CLASSES = 10
+
+def _sibling(name: str) -> ModuleType:
+    """The example module `name` beside this file (the examples are not a package)."""
+    found = sys.modules.get(name)
+    if found is not None:
+        return found
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kernels = _sibling("model_server_kernels")
+C, H, W, P, CELLS, K, D, CLASSES = (
+    kernels.C, kernels.H, kernels.W, kernels.P, kernels.CELLS, kernels.K, kernels.D, kernels.CLASSES
+)  # fmt: skip
+patchify, contract, R, WR = kernels.patchify, kernels.contract, kernels.R, kernels.WR
 BATCHES = (1, 2, 4, 8)
 MAX_BATCH = BATCHES[-1]
 SEED = 20240601
@@ -110,12 +128,6 @@ def write_weights(path: Path) -> None:
     hrx.write_safetensors(path, make_weights(), metadata={"model": "patch-mlp"})
 
 
-def patchify(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    b = x.shape[0]
-    cells = x.reshape(b, C, H // P, P, W // P, P).transpose(0, 2, 4, 1, 3, 5)
-    return cells.reshape(b * CELLS, K)
-
-
 def reference(images: np.ndarray[Any, Any], weights: dict[str, Any]) -> np.ndarray[Any, Any]:
     """The model in plain numpy (float32 throughout)."""
     h = patchify(np.asarray(images, np.float32)) @ weights["w1"]
@@ -151,78 +163,19 @@ def preprocess(pictures: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return x.transpose(0, 3, 1, 2).astype(np.float32)
 
 
-# -- kernels: numpy for sim, CUDA C++ for the GPU backend; the matrix products on the NPU --
-
-PATCHIFY_CXX = r"""
-extern "C" __global__ void patchify(const float* x, float* patches) {
-    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;   // one patch element
-    if (i >= BATCH * CELLS * K) return;
-    const unsigned f = i % K, row = i / K, b = row / CELLS, cell = row % CELLS;
-    const unsigned c = f / (P * P), py = (f / P) % P, px = f % P;
-    const unsigned y = (cell / (W / P)) * P + py, xx = (cell % (W / P)) * P + px;
-    patches[i] = x[((b * C + c) * H + y) * W + xx];
-}
-"""
-POOL_CXX = r"""
-extern "C" __global__ void bias_relu_pool(const float* h, const float* b1, float* pooled) {
-    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;   // one (batch, feature)
-    if (i >= BATCH * D) return;
-    const unsigned b = i / D, d = i % D;
-    float sum = 0.0f;
-    for (unsigned cell = 0; cell < CELLS; ++cell) {
-        sum += fmaxf(h[(b * CELLS + cell) * D + d] + b1[d], 0.0f);
-    }
-    pooled[i] = sum / CELLS;
-}
-"""
-BIAS_CXX = r"""
-extern "C" __global__ void add_bias(const float* raw, const float* b2, float* logits) {
-    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < BATCH * CLASSES) logits[i] = raw[i] + b2[i % CLASSES];
-}
-"""
-
-
-def f32(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return array.view(np.float32)
-
-
-def patchify_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
-    x = f32(arrays[0]).reshape(-1, C, H, W)
-    f32(arrays[1])[:] = patchify(x).reshape(-1)
-
-
-def pool_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
-    h = np.maximum(f32(arrays[0]).reshape(-1, D) + f32(arrays[1]), np.float32(0))
-    f32(arrays[2])[:] = h.reshape(-1, CELLS, D).mean(axis=1, dtype=np.float32).reshape(-1)
-
-
-def bias_host(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
-    raw = f32(arrays[0]).reshape(-1, CLASSES)
-    f32(arrays[2])[:] = (raw + f32(arrays[1])).reshape(-1)
-
-
-def matmul_host(m: int, k: int, n: int) -> Any:
-    def matmul(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:
-        a, b = f32(arrays[0]).reshape(m, k), f32(arrays[1]).reshape(k, n)
-        np.matmul(a, b, out=f32(arrays[2]).reshape(m, n))
-
-    return matmul
-
-
-def contract(*bindings: tuple[int, hrx.Access]) -> hrx.KernelContract:
-    return hrx.KernelContract([hrx.Binding(n * 4, access) for n, access in bindings])
-
-
-R, WR = hrx.Access.READ, hrx.Access.WRITE
-
-
 class Plan:
-    """The prepared model for one batch size (and picture size), leasing the weights."""
+    """The prepared model for one batch size (and picture size), leasing the weights; a
+    classifier plan also has its postprocess (labels on the device)."""
 
-    def __init__(self, model: hrx.PreparedModel, lease: hrx.Lease[hrx.Weights]) -> None:
+    def __init__(
+        self,
+        model: hrx.PreparedModel,
+        lease: hrx.Lease[hrx.Weights],
+        post: hrx.PreparedModel | None = None,
+    ) -> None:
         self.model = model
         self.lease = lease
+        self.post = post
 
     @property
     def idle(self) -> bool:
@@ -268,7 +221,7 @@ def gpu_kernel(
 def load_head(rt: hrx.Runtime, batch: int) -> Head:
     def npu(m: int, k: int, n: int) -> hrx.NpuKernel:
         return rt.npu(0).load_artifact(
-            hrx.KernelSource(host=matmul_host(m, k, n)),
+            hrx.KernelSource(host=kernels.matmul_host(m, k, n)),
             f"matmul_{m}x{k}x{n}",
             1,
             contract((m * k, R), (k * n, R), (m * n, WR)),
@@ -276,11 +229,19 @@ def load_head(rt: hrx.Runtime, batch: int) -> Head:
 
     rows, out = batch * CELLS, batch * CLASSES
     pool = gpu_kernel(
-        rt, batch, POOL_CXX, "bias_relu_pool", pool_host, batch * D,
+        rt, batch, kernels.POOL_CXX, "bias_relu_pool", kernels.pool_host, batch * D,
         (rows * D, R), (D, R), (batch * D, WR),
     )  # fmt: skip
     bias = gpu_kernel(
-        rt, batch, BIAS_CXX, "add_bias", bias_host, out, (out, R), (CLASSES, R), (out, WR)
+        rt,
+        batch,
+        kernels.BIAS_CXX,
+        "add_bias",
+        kernels.bias_host,
+        out,
+        (out, R),
+        (CLASSES, R),
+        (out, WR),
     )
     return Head(npu(rows, K, D), pool, npu(batch, D, CLASSES), bias)
 
@@ -309,7 +270,14 @@ def patches_tensor(ctx: hrx.ModelContext, batch: int) -> hrx.Tensor:
 def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) -> hrx.PreparedModel:
     rows, n_in = batch * CELLS, batch * C * H * W
     k_patch = gpu_kernel(
-        rt, batch, PATCHIFY_CXX, "patchify", patchify_host, rows * K, (n_in, R), (rows * K, WR)
+        rt,
+        batch,
+        kernels.PATCHIFY_CXX,
+        "patchify",
+        kernels.patchify_host,
+        rows * K,
+        (n_in, R),
+        (rows * K, WR),
     )
     head = load_head(rt, batch)
 
@@ -444,7 +412,10 @@ class ModelServer:
     async def prepare(self, batch: int) -> Plan:
         lease = await self.lease_weights()
         try:
-            return Plan(build_plan(self.rt, lease.value, batch, self.slots), lease)
+            model = build_plan(self.rt, lease.value, batch, self.slots)
+            return Plan(
+                model, lease, kernels.build_postprocess(self.rt, batch, CLASSES, self.slots)
+            )
         except BaseException:
             lease.release()
             raise
@@ -457,31 +428,41 @@ class ModelServer:
             lease.release()
             raise
 
-    async def classify(self, images: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    async def classify(self, images: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """Logits [n, 10] and labels [n] of f32 images [n, 3, 16, 16]."""
         n = images.shape[0]
         batch = next(b for b in BATCHES if b >= n)
         padded = np.zeros((batch, C, H, W), np.float32)
         padded[:n] = images
+        raw = padded.tobytes()
         async with self.plans.use(batch, lambda: self.prepare(batch), timeout=30) as plan:
-            outputs = await plan.model.infer({"x": padded})
-        return outputs["logits"][:n]
+            run = await plan.model.submit_host_with(lambda i, m: m.__setitem__(slice(None), raw))
+            return await self.postprocess(plan, run, n)
 
-    async def classify_image(self, pictures: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    async def postprocess(self, plan: Plan, run: hrx.Inference, n: int) -> tuple[Any, Any]:
+        """Labels taken on the device from `run`'s logits; both read back once, at the end."""
+        assert plan.post is not None
+        labels = await plan.post.submit(run.outputs)
+        (logits,), (picked,) = await run.download(), await labels.download()
+        return (
+            np.frombuffer(logits, np.float32).reshape(-1, CLASSES)[:n],
+            np.frombuffer(picked, np.int32)[:n],
+        )
+
+    async def classify_image(self, pictures: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """Logits and labels of u8 pictures [n, h, w, 3]."""
         n, height, width, _ = pictures.shape
         batch = next(b for b in BATCHES if b >= n)
         padded = np.zeros((batch, height, width, C), np.uint8)
         padded[:n] = pictures
         key, raw = (batch, height, width), padded.tobytes()
-        # preprocess -> classifier on the device: x never comes back to the host.
+        # preprocess -> classifier -> argmax on the device: only the answers come back.
         async with (
             self.image_plans.use(key, lambda: self.prepare_image(key), timeout=30) as pre,
             self.plans.use(batch, lambda: self.prepare(batch), timeout=30) as plan,
         ):
-            x = await pre.model.submit_host_with(
-                lambda i, memory: memory.__setitem__(slice(None), raw)
-            )
-            logits = (await (await plan.model.submit(x.outputs)).download())[0]
-        return np.frombuffer(logits, np.float32).reshape(batch, CLASSES)[:n]
+            x = await pre.model.submit_host_with(lambda i, m: m.__setitem__(slice(None), raw))
+            return await self.postprocess(plan, await plan.model.submit(x.outputs), n)
 
     async def close(self) -> None:
         await self.plans.clear()
@@ -579,8 +560,8 @@ def create_app(
         with answered():
             body = await read_body(request, MAX_CLASSIFY_BYTES)
             images = await server.jobs.run(decode, body, kind)
-        logits = await server.classify(images)
-        return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
+        logits, labels = await server.classify(images)
+        return JSONResponse({"logits": logits.tolist(), "labels": labels.tolist()})
 
     @app.post("/v1/classify_image")
     async def classify_image(
@@ -594,8 +575,8 @@ def create_app(
         with answered():
             body = await read_body(request, MAX_IMAGE_BYTES)
             pictures = await server.jobs.run(decode_image, body, shape, dtype)
-        logits = await server.classify_image(pictures)
-        return JSONResponse({"logits": logits.tolist(), "labels": logits.argmax(axis=1).tolist()})
+        logits, labels = await server.classify_image(pictures)
+        return JSONResponse({"logits": logits.tolist(), "labels": labels.tolist()})
 
     @app.get("/v1/model/stats")
     async def model_stats(

@@ -14,7 +14,10 @@ range. A fourth live result of one plan is `Busy` until a result and its clones 
 are gone. A plan binds its input tensors' bytes, so the key holds them: the same tensors
 (or others at the same place) reuse it, other buffers make another plan.
 
-The maths is in `tensor_kernels` (C++ and its numpy twin, bit for bit alike).
+Each operation also has a fragment form (`gather_rows_fragment`, `finite_fragment`,
+`linear_fragment`): the same kernel as a `ModelFragment` (`models.op_fragment`), to
+prepare as slots or record into a larger graph. The maths is in `tensor_kernels` (C++
+and its numpy twin, bit for bit alike).
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from ._validate import shown
 from .contract import Access, Binding, KernelContract
 from .errors import ContractError
 from .kernels import GpuKernel, KernelSource
-from .memory import GPU_LOCAL, HOST_VISIBLE, Buffer, View
-from .models import DType, Tensor, TensorDesc
+from .memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
+from .models import DType, ModelContext, Tensor, TensorDesc
+from .models.fragment import ModelFragment
+from .models.op_fragment import OpFragmentBuilder
 from .models.plan_cache import PlanCacheStats
+from .models.region import Dispatch, Fill
 from .models.results import Lease, Result, ResultPlan, ResultPlans, SlotGraph
 from .prepared import PreparedGraph
 from .runtime import Runtime
@@ -75,11 +81,7 @@ class TensorOps:
         [len(ids), cols] result of `table`'s dtype and exact bytes. No ids: an empty
         [0, cols] tensor in no memory of a plan."""
         self._check_input(table, "gather_rows source")
-        desc = table.desc
-        if desc.rank != 2 or not desc.contiguous:
-            raise ContractError(f"gather_rows takes a contiguous rank-2 tensor, got {desc}")
-        if desc.nbytes > MAX_ROW_BYTES:
-            raise ContractError(f"gather_rows source {desc} is over {MAX_ROW_BYTES} bytes")
+        desc = _gather_source(table.desc)
         rows, cols = desc.shape
         picked = _ids(ids, rows)
         out_desc = TensorDesc(desc.dtype, (len(picked), cols))
@@ -135,10 +137,7 @@ class TensorOps:
         (so -0 and FLT_MAX give 0), 1 when one is NaN or infinite. The result is
         host-visible: reading it is one 4-byte read."""
         self._check_input(x, "finite input")
-        desc = x.desc
-        if desc.dtype is not DType.F32 or not desc.contiguous or desc.empty:
-            raise ContractError(f"finite takes a non-empty contiguous f32 tensor, got {desc}")
-        count = desc.numel
+        count = _finite_input(x.desc).numel
         constants = pack(count)
         source = x.data
 
@@ -177,31 +176,11 @@ class TensorOps:
         and one to three bf16 `weights` [N_i, K], accumulated in f32 and stored as `dtype`
         (f32 or bf16): one dispatch, results [1, N_i] sharing one lease."""
         self._check_input(x, "linear input")
-        out_dtype = DType.of(dtype)
-        if out_dtype not in LINEAR_DTYPES:
-            raise ContractError(f"linear outputs f32 or bf16, got {out_dtype.value}")
-        xd = x.desc
-        if xd.dtype is not DType.BF16 or not xd.contiguous or xd.rank != 2 or xd.shape[0] != 1:
-            raise ContractError(f"linear takes a contiguous bf16 [1, K] input, got {xd}")
-        k = xd.shape[1]
-        if k == 0 or k % LANES:
-            raise ContractError(f"linear needs K > 0 and a multiple of {LANES}, got K = {k}")
         if isinstance(weights, Tensor) or not isinstance(weights, Sequence):
             raise ContractError(f"linear_many takes a list of 1 to 3 weights, got {shown(weights)}")
-        if not 1 <= len(weights) <= 3:
-            raise ContractError(f"linear_many takes 1 to 3 weights, got {len(weights)}")
-        ns = []
         for i, w in enumerate(weights):
             self._check_input(w, f"weight {i}")
-            wd = w.desc
-            if wd.dtype is not DType.BF16 or not wd.contiguous or wd.rank != 2:
-                raise ContractError(f"weight {i} must be a contiguous bf16 [N, K], got {wd}")
-            if wd.shape[1] != k or wd.shape[0] == 0 or wd.numel > MAX_WEIGHT_ELEMENTS:
-                raise ContractError(
-                    f"weight {i} {wd} must be [N, {k}] with N > 0 and at most "
-                    f"{MAX_WEIGHT_ELEMENTS} elements"
-                )
-            ns.append(wd.shape[0])
+        out_dtype, k, ns = _linear_shapes(x.desc, [w.desc for w in weights], dtype)
         total = sum(ns)
         size = out_dtype.itemsize
         entry = f"hrx_linear{len(ns)}_{LINEAR_DTYPES[out_dtype]}"
@@ -232,6 +211,98 @@ class TensorOps:
 
         key = ("linear", out_dtype.value, _key(x), *(_key(w) for w in weights))
         return await self.plans.run(key, load, None, outputs)
+
+    # -- fragment forms: the same kernels as model fragments (`models.op_fragment`) ------
+
+    def gather_rows_fragment(
+        self, desc: TensorDesc, rows: int, placement: Placement = GPU_LOCAL
+    ) -> ModelFragment:
+        """`gather_rows` as a fragment: inputs the source (`desc`, rank 2, contiguous, not
+        empty) and i32 ids [rows] (rows >= 1), in `placement` when prepared as slots;
+        output [rows, cols], host-visible. An id out of range selects row 0: ids are data
+        here, never seen by the host."""
+        desc = _gather_source(_desc(desc, "gather_rows_fragment source"))
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ContractError(f"gather_rows_fragment gathers rows >= 1, got {shown(rows)}")
+        if desc.empty:
+            raise ContractError(f"gather_rows_fragment needs a non-empty source, got {desc}")
+        count, cols = desc.shape
+        row_bytes = cols * desc.dtype.itemsize
+        total = rows * row_bytes
+        if total > MAX_ROW_BYTES:
+            raise ContractError(f"{rows} rows of {row_bytes} bytes are too many to gather")
+        b = OpFragmentBuilder(ModelContext(self.runtime), "gather_rows")
+        src, ids = b.region(desc.nbytes, placement), b.region(rows * 4, placement)
+        out = b.region(total, HOST_VISIBLE)
+        kernel = self._kernel(
+            "hrx_gather_rows",
+            [(desc.nbytes, Access.READ, 1), (rows * 4, Access.READ, 4), (total, Access.WRITE, 1)],
+            pack(total, row_bytes, count),
+            -(-total // BLOCK),
+            BLOCK,
+        )
+        k = b.adopt(kernel)
+        return b.fragment(
+            [Dispatch(k, [src.read(), ids.read(), out.write()])],
+            [(src, desc), (ids, TensorDesc(DType.I32, (rows,)))],
+            [(out, TensorDesc(desc.dtype, (rows, cols)))],
+        )
+
+    def finite_fragment(self, desc: TensorDesc, placement: Placement = GPU_LOCAL) -> ModelFragment:
+        """`finite` as a fragment: input `desc` (non-empty contiguous f32, in `placement`
+        when prepared), output the host-visible i32 [1] flag, zeroed by the fragment."""
+        desc = _finite_input(_desc(desc, "finite_fragment input"))
+        count = desc.numel
+        b = OpFragmentBuilder(ModelContext(self.runtime), "finite")
+        x, flag = b.region(desc.nbytes, placement), b.region(4, HOST_VISIBLE)
+        kernel = self._kernel(
+            "hrx_finite",
+            [(desc.nbytes, Access.READ, 4), (4, Access.READ_WRITE, 4)],
+            pack(count),
+            -(-count // BLOCK),
+            BLOCK,
+        )
+        k = b.adopt(kernel)
+        return b.fragment(
+            [Fill(flag, 0), Dispatch(k, [x.read(), flag.read_write()])],
+            [(x, desc)],
+            [(flag, TensorDesc(DType.I32, (1,)))],
+        )
+
+    def linear_fragment(
+        self,
+        x: TensorDesc,
+        weights: Sequence[TensorDesc],
+        dtype: DType | str = DType.F32,
+        placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:
+        """`linear_many` as a fragment: inputs x and each weight (descriptions, as
+        `linear_many` checks them), outputs y_i [1, N_i] laid end to end in one
+        allocation; one dispatch. IO in `placement` when prepared as slots."""
+        x = _desc(x, "linear_fragment input")
+        if isinstance(weights, TensorDesc) or not isinstance(weights, Sequence):
+            raise ContractError(
+                f"linear_fragment takes a list of 1 to 3 weight descriptions, got {shown(weights)}"
+            )
+        descs = [_desc(w, f"weight {i}") for i, w in enumerate(weights)]
+        out_dtype, k, ns = _linear_shapes(x, descs, dtype)
+        size = out_dtype.itemsize
+        entry = f"hrx_linear{len(ns)}_{LINEAR_DTYPES[out_dtype]}"
+        b = OpFragmentBuilder(ModelContext(self.runtime), "linear")
+        ins = [b.region(d.nbytes, placement) for d in (x, *descs)]
+        out = b.region(sum(ns) * size, placement)
+        bindings = [(d.nbytes, Access.READ, 2) for d in (x, *descs)]
+        bindings.append((sum(ns) * size, Access.WRITE, size))
+        k_ = b.adopt(self._kernel(entry, bindings, pack(k, *ns), sum(ns), LANES))
+        outs, start = [], 0
+        for n in ns:
+            outs.append((out.slice(start, n * size), TensorDesc(out_dtype, (1, n))))
+            start += n * size
+        return b.fragment(
+            [Dispatch(k_, [*(r.read() for r in ins), out.write()])],
+            list(zip(ins, (x, *descs), strict=True)),
+            outs,
+        )
 
     # -- shared steps ----------------------------------------------------------------
 
@@ -285,6 +356,53 @@ class TensorOps:
     def __repr__(self) -> str:
         s = self.stats()
         return f"<TensorOps plans {s.entries}/{s.capacity} hits={s.hits} misses={s.misses}>"
+
+
+def _desc(desc: object, what: str) -> TensorDesc:
+    if not isinstance(desc, TensorDesc):
+        raise ContractError(f"{what} is a TensorDesc, got {shown(desc)}")
+    return desc
+
+
+def _gather_source(desc: TensorDesc) -> TensorDesc:
+    if desc.rank != 2 or not desc.contiguous:
+        raise ContractError(f"gather_rows takes a contiguous rank-2 tensor, got {desc}")
+    if desc.nbytes > MAX_ROW_BYTES:
+        raise ContractError(f"gather_rows source {desc} is over {MAX_ROW_BYTES} bytes")
+    return desc
+
+
+def _finite_input(desc: TensorDesc) -> TensorDesc:
+    if desc.dtype is not DType.F32 or not desc.contiguous or desc.empty:
+        raise ContractError(f"finite takes a non-empty contiguous f32 tensor, got {desc}")
+    return desc
+
+
+def _linear_shapes(
+    xd: TensorDesc, weights: Sequence[TensorDesc], dtype: DType | str
+) -> tuple[DType, int, list[int]]:
+    """The output dtype, K and each weight's N, or why `linear_many` refuses them."""
+    out_dtype = DType.of(dtype)
+    if out_dtype not in LINEAR_DTYPES:
+        raise ContractError(f"linear outputs f32 or bf16, got {out_dtype.value}")
+    if xd.dtype is not DType.BF16 or not xd.contiguous or xd.rank != 2 or xd.shape[0] != 1:
+        raise ContractError(f"linear takes a contiguous bf16 [1, K] input, got {xd}")
+    k = xd.shape[1]
+    if k == 0 or k % LANES:
+        raise ContractError(f"linear needs K > 0 and a multiple of {LANES}, got K = {k}")
+    if not 1 <= len(weights) <= 3:
+        raise ContractError(f"linear_many takes 1 to 3 weights, got {len(weights)}")
+    ns = []
+    for i, wd in enumerate(weights):
+        if wd.dtype is not DType.BF16 or not wd.contiguous or wd.rank != 2:
+            raise ContractError(f"weight {i} must be a contiguous bf16 [N, K], got {wd}")
+        if wd.shape[1] != k or wd.shape[0] == 0 or wd.numel > MAX_WEIGHT_ELEMENTS:
+            raise ContractError(
+                f"weight {i} {wd} must be [N, {k}] with N > 0 and at most "
+                f"{MAX_WEIGHT_ELEMENTS} elements"
+            )
+        ns.append(wd.shape[0])
+    return out_dtype, k, ns
 
 
 def _key(tensor: Tensor) -> tuple[Any, ...]:

@@ -227,3 +227,73 @@ async def test_bad_image_requests_are_refused_with_a_reason(tmp_path: Path) -> N
             headers={"content-type": octet, "x-image-shape": "8,8,3", "x-image-dtype": "u8"},
         )
         assert reply.status_code == 200 and len(reply.json()["labels"]) == 1
+
+
+async def test_the_device_postprocess_takes_the_first_maximum_like_numpy(
+    hrx_backend: str,
+) -> None:
+    """The argmax kernel (its numpy twin on sim) against numpy.argmax, ties included,
+    chained after a device tensor with no host wait between them."""
+    import hrx_async as hrx
+
+    example = load_example()
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((8, 10)).astype(np.float32)
+    logits[1] = 0.5  # all tied: the first
+    logits[2, [3, 7]] = 9.0  # two tied maxima: the first
+    logits[3] = -np.inf
+    logits[3, 9] = -1e30
+    async with hrx.Runtime(backend=hrx_backend) as rt:
+        ctx = hrx.ModelContext(rt)
+        post = example.kernels.build_postprocess(rt, 8, 10, 1)
+        x = await ctx.upload_tensor(hrx.TensorDesc("f32", (8, 10)), logits.tobytes())
+        run = await post.submit([x])
+        (raw,) = await run.download()
+        assert np.frombuffer(raw, np.int32).tolist() == logits.argmax(axis=1).tolist()
+        assert example.kernels.argmax_rows(logits).tolist() == logits.argmax(axis=1).tolist()
+
+
+async def test_labels_come_from_the_device_after_the_classifier(tmp_path: Path) -> None:
+    """Both routes answer labels read from the postprocess model's host-visible output,
+    equal to numpy's argmax of the reference logits; warm requests prepare no graphs."""
+    async with serving(tmp_path) as (example, app, _client):
+        server = app.state.service.resources
+        weights = example.make_weights()
+        rng = np.random.default_rng(6)
+        images = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+        logits, labels = await server.classify(images)
+        want = example.reference(images, weights)
+        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
+        assert labels.dtype == np.int32 and labels.tolist() == want.argmax(axis=1).tolist()
+        pictures = rng.integers(0, 256, (3, 20, 24, 3), dtype=np.uint8)
+        await server.classify_image(pictures)
+        before = server.rt.statistics()
+        logits, labels = await server.classify_image(pictures)
+        assert server.rt.statistics().native_graphs_prepared == before.native_graphs_prepared
+        want = example.reference(example.preprocess(pictures), weights)
+        assert labels.tolist() == want.argmax(axis=1).tolist()
+
+
+def test_the_postprocess_kernel_is_portable_cxx(tmp_path: Path) -> None:
+    """The argmax C++ uses no headers or CUDA-only calls and compiles as C++17."""
+    import shutil
+    import subprocess
+
+    source = load_example().kernels.ARGMAX_CXX
+    assert "#include" not in source and "__shfl" not in source
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler here")
+    prelude = (
+        "#define __global__\n#define BATCH 8\n#define CLASSES 10\n"
+        "struct D3 { unsigned x, y, z; }; static D3 blockIdx, blockDim, threadIdx;\n"
+    )
+    path = tmp_path / "argmax.cpp"
+    path.write_text(prelude + source)
+    done = subprocess.run(
+        [compiler, "-std=c++17", "-Wall", "-Werror", "-fsyntax-only", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr

@@ -29,12 +29,14 @@ from .._validate import shown
 from ..contract import Access, Binding, KernelContract
 from ..errors import ContractError
 from ..kernels import GpuKernel, KernelSource
-from ..memory import GPU_LOCAL, HOST_VISIBLE, View
+from ..memory import GPU_LOCAL, HOST_VISIBLE, Placement, View
 from ..models import DType, Layout, Tensor, TensorDesc
+from ..models.fragment import ModelFragment
 from ..models.plan_cache import PlanCacheStats
 from ..models.results import Result, ResultPlan, ResultPlans, SlotGraph
 from ..runtime import Runtime
 from . import args as image_args
+from . import rgb_fragments
 from .rgb_kernels import F32_MAX, KERNELS, MAX_SIDE, SOURCE, fit, precision
 
 BLOCK = 256
@@ -224,17 +226,9 @@ class RgbOps:
         template) and inverse [B, 2, 3] f32, and status i32 [B] (host-visible): 0, or 1
         with NaN matrices when the face's fit is unusable."""
         self._input(points, "similarity points")
-        d = points.desc
-        if d.dtype is not DType.F32 or d.rank != 3 or d.shape[2] != 2 or d.empty:
-            raise ContractError(f"similarity points are a non-empty f32 [B, P, 2], got {d}")
-        tpl = _points(template, "template").astype(np.float32)
+        d = _similarity_points(points.desc)
+        tpl = _template(template, d.shape[1])
         faces, count = d.shape[0], d.shape[1]
-        if tpl.shape[0] != count or not 2 <= count <= MAX_TEMPLATE:
-            raise ContractError(
-                f"the template has {tpl.shape[0]} points; the input {count}; both 2..64"
-            )
-        if not np.isfinite(tpl).all():
-            raise ContractError("the template is not finite as float32")
         constants = image_args.pack(total=faces, n=faces, dh=count, ss=d.strides)
         key = ("similarity_2d", _key(points), tpl.tobytes())
         mats = faces * 24
@@ -401,6 +395,56 @@ class RgbOps:
         (result,) = await self.plans.run(key, load, fill, lambda s: [(out, s.views["out"])])
         return result
 
+    # -- fragment forms (`rgb_fragments`): the same kernels as model fragments ----------
+
+    def encode_rgb_fragment(
+        self, desc: TensorDesc, factor: int = 1, encoding: str = "unit",
+        placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:  # fmt: skip
+        """`encode_rgb` of an image described by `desc`, as a fragment."""
+        return rgb_fragments.encode(self, desc, factor, encoding, placement)
+
+    def decode_rgb_fragment(
+        self, desc: TensorDesc, factor: int = 1, encoding: str = "unit",
+        placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:  # fmt: skip
+        """`decode_rgb` of views described by `desc`, as a fragment."""
+        return rgb_fragments.decode(self, desc, factor, encoding, placement)
+
+    def affine_rgb_fragment(
+        self, desc: TensorDesc, crops: int, height: int, width: int,
+        mode: str = "black_ties_even", placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:  # fmt: skip
+        """`affine_rgb` as a fragment: inputs the image and f32 matrices [crops, 2, 3]."""
+        return rgb_fragments.affine(self, desc, crops, height, width, mode, placement)
+
+    def affine_rgb_packed_fragment(
+        self, nbytes: int, crops: int, height: int, width: int,
+        mode: str = "black_ties_even", placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:  # fmt: skip
+        """`affine_rgb_packed` as a fragment: inputs u8 [nbytes], u32 records [crops, 3]
+        and f32 matrices [crops, 2, 3]."""
+        return rgb_fragments.affine_packed(self, nbytes, crops, height, width, mode, placement)
+
+    async def similarity_2d_fragment(
+        self, desc: TensorDesc, template: Any, placement: Placement = GPU_LOCAL
+    ) -> ModelFragment:
+        """`similarity_2d` of points described by `desc` (any strides), as a fragment
+        whose template is a weight (uploaded now)."""
+        if not isinstance(desc, TensorDesc):
+            raise ContractError(f"similarity points are a TensorDesc, got {shown(desc)}")
+        d = _similarity_points(desc)
+        tpl = _template(template, d.shape[1])
+        return await rgb_fragments.similarity(self, d, tpl, placement)
+
+    def composite_rgb_fragment(
+        self, frame: TensorDesc, crop: TensorDesc, mode: str = "truncate",
+        placement: Placement = GPU_LOCAL,
+    ) -> ModelFragment:  # fmt: skip
+        """`composite_rgb` as a fragment: inputs frame, crop, mask [ch, cw], matrix
+        [1, 2, 3] and f32 [5] (left, top, right, bottom, blend)."""
+        return rgb_fragments.composite(self, frame, crop, mode, placement)
+
     # -- shared steps ----------------------------------------------------------------
 
     @staticmethod
@@ -519,6 +563,23 @@ class RgbOps:
     def __repr__(self) -> str:
         s = self.stats()
         return f"<RgbOps plans {s.entries}/{s.capacity} hits={s.hits} misses={s.misses}>"
+
+
+def _similarity_points(d: TensorDesc) -> TensorDesc:
+    if d.dtype is not DType.F32 or d.rank != 3 or d.shape[2] != 2 or d.empty:
+        raise ContractError(f"similarity points are a non-empty f32 [B, P, 2], got {d}")
+    return d
+
+
+def _template(template: Any, count: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+    tpl = _points(template, "template").astype(np.float32)
+    if tpl.shape[0] != count or not 2 <= count <= MAX_TEMPLATE:
+        raise ContractError(
+            f"the template has {tpl.shape[0]} points; the input {count}; both 2..64"
+        )
+    if not np.isfinite(tpl).all():
+        raise ContractError("the template is not finite as float32")
+    return tpl
 
 
 def _key(tensor: Tensor) -> tuple[Any, ...]:

@@ -56,6 +56,13 @@ class Arena:
         self.allocations.append(Allocation(index, buffer.nbytes, buffer.placement, weight, buffer))
         return Region(self, index, 0, buffer.nbytes)
 
+    def declare(self, nbytes: int, placement: Placement) -> Region:
+        """A non-weight allocation known only by its size and placement, as a frozen
+        definition keeps it: memory comes when a slot or graph uses it."""
+        index = len(self.allocations)
+        self.allocations.append(Allocation(index, nbytes, placement, False, None))
+        return Region(self, index, 0, nbytes)
+
     def check_region(self, region: object, what: str) -> Region:
         if not isinstance(region, Region):
             raise ContractError(f"{what} must be a Region, got {_check.shown(region)}")

@@ -28,6 +28,7 @@ from ..completion import Completion
 from ..errors import Busy, ContractError
 from ..memory import Buffer, View
 from ..prepared import PreparedGraph
+from .device import DeviceTensor
 from .plan_cache import PlanCache, PlanCacheStats
 from .tensor import Tensor, TensorDesc
 
@@ -88,6 +89,12 @@ class Result(Tensor):
 
     def release(self) -> None:
         self.lease.release()
+
+    def device(self) -> DeviceTensor:
+        """This result as a `DeviceTensor` (producer: the submission writing it; lease:
+        its slot's), to chain into `ModelContext.copy_into`, `concatenate`, a prepared
+        model's `submit` or a fragment's `record`."""
+        return DeviceTensor(self.desc, self.data, self.completion, self.lease)
 
     async def wait(self) -> None:
         """Until the work that writes this result has finished (raising its failure)."""

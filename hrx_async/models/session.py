@@ -6,6 +6,7 @@
     k = session.load_kernel(KernelSource(cxx=..., host=...), "mlp", grid, block, contract)
     session.record("step", [Fill(y, 0), Dispatch(k, [w.read(), x.read(), y.write()])])
     await session.upload(x, data); session.replay("step")
+    timings = await session.benchmark("step", 100)  # graph replay vs direct, seconds per run
     (out,) = await session.read_many([y])          # one wait for every region
     definition = await session.freeze(ctx)         # -> ModelDefinition (fragments, slots)
 
@@ -26,7 +27,9 @@ device: a session whose memory holds a failed result is not built on further.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..completion import Completion
@@ -68,6 +71,17 @@ async def write_view(runtime: Runtime, view: View, raw: memoryview) -> None:
         stage.free()
 
 
+@dataclass(frozen=True, slots=True)
+class SessionTimings:
+    """Mean seconds per run: `graph` (replays of the recorded graph), `direct` (the same
+    commands each submitted alone), and per command (`profile_commands` only)."""
+
+    runs: int
+    graph: float
+    direct: float
+    commands: tuple[float, ...]
+
+
 class ModelSession:
     """Buffers, kernels and keyed prepared graphs over one model context's runtime."""
 
@@ -85,6 +99,7 @@ class ModelSession:
         self.label = label
         self._arena = Arena(self.runtime, label)
         self._graphs: dict[Hashable, PreparedGraph] = {}
+        self._commands: dict[Hashable, tuple[Command, ...]] = {}
         self._pending: list[Completion] = []
         self._refused: str | None = None
 
@@ -176,6 +191,7 @@ class ModelSession:
         graph = self.runtime.graph(f"{self.label}-{key}")
         record_commands(graph, items, self._view)
         self._graphs[key] = graph.prepare()
+        self._commands[key] = items
 
     def replay(self, key: Hashable) -> Completion:
         """Submit the graph recorded under `key`; await the completion for its end."""
@@ -184,6 +200,54 @@ class ModelSession:
         if graph is None:
             raise ContractError(f"session {self.label!r} has no graph {key!r}; record it first")
         return self._track(graph.submit())
+
+    def _recorded(self, key: Hashable) -> tuple[PreparedGraph, tuple[Command, ...]]:
+        self._usable()
+        graph = self._graphs.get(key)
+        if graph is None:
+            raise ContractError(f"session {self.label!r} has no graph {key!r}; record it first")
+        return graph, self._commands[key]
+
+    def _singles(self, commands: tuple[Command, ...]) -> list[PreparedGraph]:
+        """Each command prepared alone: the direct way of running them."""
+        singles = []
+        for index, command in enumerate(commands):
+            graph = self.runtime.graph(f"{self.label}-command-{index}")
+            record_commands(graph, [command], self._view)
+            singles.append(graph.prepare())
+        return singles
+
+    async def benchmark(self, key: Hashable, runs: int) -> SessionTimings:
+        """Mean seconds per run of graph `key` (`runs` >= 10 replays, after one warm-up)
+        and of its commands run directly (each its own submission, in order, one wait
+        per run): what recording the commands as one graph saves."""
+        graph, commands = self._recorded(key)
+        runs = _check.integer(runs, "benchmark runs", 10)
+        singles = self._singles(commands)
+        await self._track(graph.submit())
+        start = time.perf_counter()
+        for _ in range(runs):
+            await self._track(graph.submit())
+        replay = (time.perf_counter() - start) / runs
+        start = time.perf_counter()
+        for _ in range(runs):
+            last = [self._track(single.submit()) for single in singles][-1]
+            await last
+        direct = (time.perf_counter() - start) / runs
+        return SessionTimings(runs, replay, direct, ())
+
+    async def profile_commands(self, key: Hashable, runs: int = 10) -> SessionTimings:
+        """Mean seconds of each command of graph `key` run alone (`runs` >= 1 each,
+        waited for one by one), in command order, as `SessionTimings.commands`."""
+        _, commands = self._recorded(key)
+        runs = _check.integer(runs, "profile runs", 1)
+        each = []
+        for single in self._singles(commands):
+            start = time.perf_counter()
+            for _ in range(runs):
+                await self._track(single.submit())
+            each.append((time.perf_counter() - start) / runs)
+        return SessionTimings(runs, sum(each), sum(each), tuple(each))
 
     async def upload(self, region: Region, data: Any) -> None:
         """Write `data` (exactly `region.nbytes` bytes) into a non-weight region."""
@@ -256,6 +320,7 @@ class ModelSession:
         self._usable()
         self._refused = "it was frozen into a model definition"
         self._graphs.clear()
+        self._commands.clear()
         for allocation in self._arena.allocations:
             if not allocation.weight and allocation.buffer is not None:
                 allocation.buffer.free()
@@ -267,4 +332,4 @@ class ModelSession:
         return f"<ModelSession {self.label!r} graphs={len(self._graphs)}{state}>"
 
 
-__all__ = ["ModelSession"]
+__all__ = ["ModelSession", "SessionTimings"]
