@@ -6,10 +6,27 @@ host functions over declared accesses, prepare them once and replay them with
 range by byte range, within and across submissions.
 """
 
+from ._core.budget import Reservation
+from ._core.contract import Access, Binding, Constants, KernelContract
+from ._core.graph import Graph
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.lane import Lane
+from ._core.memory import (
+    GPU_LOCAL,
+    HOST_VISIBLE,
+    Buffer,
+    HostMapping,
+    MemoryBudget,
+    Placement,
+    View,
+    gpu_local,
+    npu_local,
+    shared,
+)
+from ._core.stats import Statistics
+from ._core.trace import ExecutionTrace, TraceEvent
 from .blocking import BlockingPreparedGraph, BlockingRuntime
-from .budget import Reservation
 from .completion import Completion, CompletionProfile
-from .contract import Access, Binding, Constants, KernelContract
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -26,22 +43,7 @@ from .errors import (
     RuntimeClosed,
     Unsupported,
 )
-from .graph import Graph
 from .image import ImageOps, ImageStats
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .lanes.lane import Lane
-from .memory import (
-    GPU_LOCAL,
-    HOST_VISIBLE,
-    Buffer,
-    HostMapping,
-    MemoryBudget,
-    Placement,
-    View,
-    gpu_local,
-    npu_local,
-    shared,
-)
 from .models import (
     ArtifactError,
     DeviceTensor,
@@ -81,8 +83,6 @@ from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
 from .serve import RuntimeService
 from .slots import Batcher, Slot, SlotPool
-from .stats import Statistics
-from .trace import ExecutionTrace, TraceEvent
 
 __version__ = "0.1.0"
 

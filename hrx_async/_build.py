@@ -14,8 +14,8 @@ import importlib.util
 from typing import Any
 
 COMPILED: tuple[str, ...] = (
-    "hrx_async.tracker",
-    "hrx_async.segments",
+    "hrx_async._core.tracker",
+    "hrx_async._core.segments",
     "hrx_async.completion",
     "hrx_async.lanes.poison",
     "hrx_async.lanes.region",

@@ -45,17 +45,18 @@ from typing import Any, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from ._core.contract import KernelContract
+from ._core.graph import Graph, GraphPlan
+from ._core.intervals import tracked_range
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.memory import Buffer, Placement, View
+from ._core.stats import Statistics
+from ._core.trace import ExecutionTrace
 from .backends.worker import worker_origin
 from .completion import Completion
-from .contract import KernelContract
 from .errors import Busy, ContractError, RuntimeClosed
-from .graph import Graph, GraphPlan, tracked_range
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .memory import Buffer, Placement, View
 from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
-from .stats import Statistics
-from .trace import ExecutionTrace
 
 R = TypeVar("R")
 

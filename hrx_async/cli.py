@@ -394,7 +394,7 @@ def build_parser() -> Parser:
     plot.add_argument("--title", help="picture title (default: the trace file's name)")
     plot.set_defaults(handler=trace_plot_command)
 
-    from . import kernel_cache
+    from .backends import kernel_cache
 
     kernel_cache.register_cli(commands, compiler=_cuda_compiler)
     return parser

@@ -31,34 +31,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _validate
+from ._core import validate as _validate
+from ._core.contract import Access
+from ._core.dlpack import DLPACK_CPU, DLPACK_CUDA, GPU_DLPACK_DEVICES
+from ._core.graph import RegionPlan
+from ._core.intervals import Interval
+from ._core.lane import Lane
+from ._core.memory import Buffer, Placement, PlacementKind, View
 from .backends.base import Fence, GpuInterop
-from .contract import Access
 from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
-from .graph import Interval, RegionPlan
-from .lanes.lane import Lane
 from .lanes.region import DONE, FAILED, ISSUED, RegionRun, Submission
 from .mappings import MappingToken
-from .memory import Buffer, Placement, PlacementKind, View
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 ByteArray = np.ndarray[Any, np.dtype[np.uint8]]
 
-DLPACK_CPU = 1
-DLPACK_CUDA = 2
-DLPACK_CUDA_HOST = 3
-DLPACK_CUDA_MANAGED = 13
-DLPACK_ROCM = 10
-DLPACK_ROCM_HOST = 11
-_GPU_DLPACK_DEVICES = (
-    DLPACK_CUDA,
-    DLPACK_CUDA_HOST,
-    DLPACK_CUDA_MANAGED,
-    DLPACK_ROCM,
-    DLPACK_ROCM_HOST,
-)
 _UINT = 1
 
 
@@ -399,7 +388,7 @@ def _from_dlpack(obj: Any, backend: GpuInterop, gpu: int) -> tuple[int, int, Any
         device_type, _ = obj.__dlpack_device__()
     except Exception as exc:
         raise ContractError(f"{type(obj).__name__}.__dlpack_device__() failed: {exc}") from None
-    if device_type not in _GPU_DLPACK_DEVICES:
+    if device_type not in GPU_DLPACK_DEVICES:
         raise Unsupported(
             f"{type(obj).__name__} lives on DLPack device type {device_type}; adopt GPU arrays "
             "(copy host data into a buffer instead)"

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from ._core.graph import GraphPlan
+from ._core.intervals import tracked_range
+from ._core.memory import Domain, HostMapping, View, view_of
 from .errors import Busy, PoisonedError, RuntimeClosed, Unsupported
-from .graph import GraphPlan, tracked_range
 from .lanes.region import RegionRun
-from .memory import Domain, HostMapping, View, view_of
 
 if TYPE_CHECKING:
     from .backends.base import Backend

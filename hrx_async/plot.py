@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hrx_async._core.trace import ExecutionTrace, lane_name
 from hrx_async.errors import ContractError, Unsupported
 from hrx_async.files import NotRegularFile, open_regular
-from hrx_async.trace import ExecutionTrace, lane_name
 
 _OK_COLOR = "tab:blue"
 _FAILED_COLOR = "tab:red"

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ._core.graph import GraphPlan, Node, RegionPlan
+from ._core.intervals import Interval, read_before_written, written_whole
 from .completion import Completion
-from .contract import Access
-from .graph import GraphPlan, Interval, Node, RegionPlan
-from .tracker import merge_intervals
 
 if TYPE_CHECKING:
-    from .lanes.lane import Lane
-    from .memory import Buffer
+    from ._core.lane import Lane
+    from ._core.memory import Buffer
     from .runtime import Runtime
 
 ByteAccess = tuple[int, int, int, bool]
@@ -73,10 +72,10 @@ class PreparedGraph:
         """Per region, the byte ranges (buffer ident, start, end) its program syncs before it
         runs unless earlier regions of its lane wrote them last (see
         `RegionRun.program_for_writers`); empty for most programs."""
-        self.clears = tuple(_written_whole(plan, region) for region in plan.regions)
+        self.clears = tuple(written_whole(plan, region) for region in plan.regions)
         """Per region, the buffers it writes whole: running it clears their poison."""
         self.region_inputs = tuple(
-            _read_before_written([plan.nodes[i] for i in region.nodes]) for region in plan.regions
+            read_before_written([plan.nodes[i] for i in region.nodes]) for region in plan.regions
         )
         """Per region, the bytes it reads before writing them itself: poisoned, they refuse it."""
         self.steps: tuple[ReplayStep, ...] = tuple(
@@ -102,7 +101,7 @@ class PreparedGraph:
         the bookkeeping of its submission (`Scheduler.submit`)."""
         self.queues: list[Any] = [None] * len(programs)
         """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
-        self.input_reads = _read_before_written(plan.nodes)
+        self.input_reads = read_before_written(plan.nodes)
         """The bytes the graph reads before writing them itself: poisoned, they refuse it."""
         self.inputs = tuple({i.buffer.ident: i.buffer for i in self.input_reads}.values())
 
@@ -153,52 +152,3 @@ class PreparedGraph:
 
     def __repr__(self) -> str:
         return f"<PreparedGraph {self.label!r} {len(self.nodes)} nodes {len(self.regions)} regions>"
-
-
-def _written_whole(plan: GraphPlan, region: RegionPlan) -> tuple[Buffer, ...]:
-    found: dict[int, Buffer] = {}
-    for index in region.nodes:
-        for view, access in plan.nodes[index].accesses:
-            buffer = view.buffer
-            if access is Access.WRITE and view.offset == 0 and view.nbytes == buffer.nbytes:
-                found.setdefault(buffer.ident, buffer)
-    return tuple(found.values())
-
-
-def _read_before_written(nodes: Iterable[Node]) -> tuple[Interval, ...]:
-    """Per buffer, the merged bytes some node reads before an earlier node wrote them."""
-    written: dict[int, list[tuple[int, int]]] = {}
-    read: dict[int, list[tuple[int, int]]] = {}
-    buffers: dict[int, Buffer] = {}
-    for node in nodes:
-        for view, access in node.accesses:
-            if access.reads:
-                key = view.buffer.ident
-                buffers[key] = view.buffer
-                read.setdefault(key, []).extend(
-                    _subtract((view.offset, view.end), written.get(key, ()))
-                )
-        for view, access in node.accesses:
-            if access.writes:
-                key = view.buffer.ident
-                written[key] = merge_intervals([*written.get(key, ()), (view.offset, view.end)])
-    return tuple(
-        Interval(buffers[key], s, e)
-        for key, spans in read.items()
-        for s, e in merge_intervals(spans)
-    )
-
-
-def _subtract(span: tuple[int, int], holes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of `span` outside the sorted, disjoint `holes`."""
-    start, end = span
-    parts: list[tuple[int, int]] = []
-    for s, e in holes:
-        if e <= start or s >= end:
-            continue
-        if s > start:
-            parts.append((start, s))
-        start = max(start, e)
-    if start < end:
-        parts.append((start, end))
-    return parts

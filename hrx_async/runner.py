@@ -9,7 +9,7 @@ copies (2..64) that successive launches cycle through, so no launch reads
 what the previous one left in the caches.
 
 On the sim backend the kernel is `module:function` (or `file.py:function`), a
-host kernel as `hrx_async.kernels` describes; on GPU backends it is
+host kernel as `hrx_async._core.kernels` describes; on GPU backends it is
 `FILE[:SYMBOL]`, CUDA/HIP C++ source (.cu, .hip, .cpp) compiled at load or a
 code object for the device's target. Outputs and in-out buffers are written
 back to their files. One JSON line reports `launches`, `total_ms`,

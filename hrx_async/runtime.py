@@ -21,26 +21,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from . import _validate, interop
-from .backends import GPU_BACKENDS, open_gpu_backend
-from .backends.base import Backend
-from .backends.sim import SimBackend
-from .contract import Access, KernelContract, check_dims
-from .errors import (
-    BackendError,
-    BackendUnavailable,
-    Busy,
-    ContractError,
-    DeviceLost,
-    RuntimeClosed,
-)
-from .graph import Graph, GraphPlan
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .lanes.host import HostExecutor
-from .lanes.lane import Lane
-from .lanes.scheduler import Scheduler
-from .mappings import HostMappings
-from .memory import (
+from . import interop
+from ._core import validate as _validate
+from ._core.contract import Access, KernelContract, check_dims
+from ._core.graph import Graph, GraphPlan
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.lane import Lane
+from ._core.memory import (
     GPU_LOCAL,
     Buffer,
     Domain,
@@ -51,9 +38,23 @@ from .memory import (
     View,
     gpu_local,
 )
+from ._core.stats import Counters, Statistics
+from ._core.trace import ExecutionTrace, TraceRecorder
+from .backends import GPU_BACKENDS, open_gpu_backend
+from .backends.base import Backend
+from .backends.sim import SimBackend
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    Busy,
+    ContractError,
+    DeviceLost,
+    RuntimeClosed,
+)
+from .lanes.host import HostExecutor
+from .lanes.scheduler import Scheduler
+from .mappings import HostMappings
 from .prepared import PreparedGraph
-from .stats import Counters, Statistics
-from .trace import ExecutionTrace, TraceRecorder
 
 NPU_CHOICES = ("auto", "sim", "xrt", None)
 _MAX_SIM_NPUS = 64

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace, TraceEvent
 from hrx_async.cli import build_parser, main
 from hrx_async.errors import ContractError
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from hrx_async.lanes.lane import Lane
 from hrx_async.plot import load_timeline
 from hrx_async.runner import kernel_source
-from hrx_async.trace import ExecutionTrace, TraceEvent
 from tests.helpers import fifo_with_a_late_writer
 
 # The Chrome trace-event JSON the runtime writes (what Perfetto and chrome://tracing read).
@@ -603,7 +603,7 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_kernel_cache_commands_are_registered_when_present() -> None:
     try:
-        import hrx_async.kernel_cache  # noqa: F401
+        import hrx_async.backends.kernel_cache  # noqa: F401
     except ImportError:
         pytest.skip("no kernel cache module in this build")
     parser = build_parser()

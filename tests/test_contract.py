@@ -19,7 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrx_async.contract import Access, Binding, Constants, KernelContract, bf16_bits, check_dims
+from hrx_async._core.contract import (
+    Access,
+    Binding,
+    Constants,
+    KernelContract,
+    bf16_bits,
+    check_dims,
+)
 from hrx_async.errors import ContractError
 
 # -- Access ------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+from hrx_async._core.lane import Lane
 from hrx_async.backends import open_gpu_backend, probe
-from hrx_async.kernel_cache import KernelCache
-from hrx_async.lanes.lane import Lane
+from hrx_async.backends.kernel_cache import KernelCache
 
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 

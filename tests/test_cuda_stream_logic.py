@@ -22,9 +22,9 @@ import pytest
 import hrx_async as hrx
 import hrx_async.runtime as runtime_module
 from hrx_async.backends._stream import StreamBackend, make_error
+from hrx_async.backends.kernel_cache import KernelCache
 from hrx_async.completion import YIELD_EVERY
 from hrx_async.errors import ContractError
-from hrx_async.kernel_cache import KernelCache
 from hrx_async.lanes.watch import SWEEP_LIMIT
 
 pytestmark = pytest.mark.anyio
@@ -267,9 +267,7 @@ def host_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> HostTable:
     table = HostTable()
     table.kernels["affine"] = ([8, 8, 4, 4, 8], _affine)
 
-    def open_fake(
-        name: str, devices: Sequence[int] = (0,)
-    ) -> tuple[StreamBackend, list[str]]:
+    def open_fake(name: str, devices: Sequence[int] = (0,)) -> tuple[StreamBackend, list[str]]:
         return StreamBackend(table, devices[0], "fake_1", cache=KernelCache(tmp_path)), []
 
     monkeypatch.setattr(runtime_module, "open_gpu_backend", open_fake)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from hrx_async.backends._stream import DLPACK_CUDA, DLPACK_ROCM, DriverTable
+from hrx_async._core.dlpack import DLPACK_CUDA, DLPACK_ROCM
+from hrx_async.backends._stream import DriverTable
 from hrx_async.backends.cuda import CudaTable
 from hrx_async.backends.hip import HipTable
 

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hrx_async.contract import bf16_bits
+from hrx_async._core.contract import bf16_bits
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace
 from hrx_async.examples import NAMES, gpu_npu_parallel, sampling, spec
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main_for
 from hrx_async.examples.kernels import (
@@ -21,8 +23,6 @@ from hrx_async.examples.kernels import (
     bf16_from_f32,
     f32_from_bf16,
 )
-from hrx_async.lanes.lane import Lane
-from hrx_async.trace import ExecutionTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOAT = r"(\d+(?:\.\d+)?)"

@@ -25,12 +25,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
-from hrx_async.contract import Access, Binding, KernelContract
-from hrx_async.errors import ContractError
-from hrx_async.graph import Graph, GraphPlan, Interval
-from hrx_async.kernels import GpuKernel, KernelSource, NpuKernel
-from hrx_async.lanes.lane import Lane
-from hrx_async.memory import (
+from hrx_async._core.contract import Access, Binding, KernelContract
+from hrx_async._core.graph import Graph, GraphPlan
+from hrx_async._core.intervals import Interval
+from hrx_async._core.kernels import GpuKernel, KernelSource, NpuKernel
+from hrx_async._core.lane import Lane
+from hrx_async._core.memory import (
     GPU_LOCAL,
     HOST_VISIBLE,
     Buffer,
@@ -41,6 +41,7 @@ from hrx_async.memory import (
     npu_local,
     shared,
 )
+from hrx_async.errors import ContractError
 
 
 class Owner:

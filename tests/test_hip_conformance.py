@@ -31,8 +31,8 @@ import pytest
 import hrx_async as hrx
 from hrx_async.backends import hip as hip_backend
 from hrx_async.backends import probe
+from hrx_async.backends.kernel_cache import cache_key
 from hrx_async.errors import BackendUnavailable, ContractError
-from hrx_async.kernel_cache import cache_key
 
 HIP_PY = Path(hip_backend.__file__)
 

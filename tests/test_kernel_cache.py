@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-import hrx_async.kernel_cache as kernel_cache_module
-from hrx_async.errors import CompileError, ContractError, HrxError
-from hrx_async.kernel_cache import (
+import hrx_async.backends.kernel_cache as kernel_cache_module
+from hrx_async.backends.kernel_cache import (
     KernelCache,
     KernelCacheError,
     cache_key,
@@ -28,6 +27,7 @@ from hrx_async.kernel_cache import (
     parse_defines,
     register_cli,
 )
+from hrx_async.errors import CompileError, ContractError, HrxError
 
 SOURCE = 'extern "C" __global__ void k(int* p) { p[0] = VALUE; }'
 OPTIONS = ["--gpu-architecture=sm_90", "-DVALUE=3"]
@@ -607,8 +607,9 @@ def test_kernel_cache_imports_no_backend() -> None:
             "-c",
             "import sys, hrx_async\n"
             "before = set(sys.modules)\n"
-            "import hrx_async.kernel_cache\n"
-            "print(sorted(m for m in set(sys.modules) - before if 'backends' in m))",
+            "import hrx_async.backends.kernel_cache\n"
+            "print(sorted(m for m in set(sys.modules) - before\n"
+            "             if 'backends' in m and m != 'hrx_async.backends.kernel_cache'))",
         ],
         capture_output=True,
         text=True,

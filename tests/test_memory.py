@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
-from hrx_async.errors import BudgetExceeded, Busy, ContractError, Unsupported
-from hrx_async.memory import (
+from hrx_async._core.memory import (
     GPU_LOCAL,
     HOST_VISIBLE,
     Buffer,
@@ -27,6 +26,7 @@ from hrx_async.memory import (
     npu_local,
     shared,
 )
+from hrx_async.errors import BudgetExceeded, Busy, ContractError, Unsupported
 
 
 class Owner:

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+from hrx_async._core.memory import PlacementKind
+from hrx_async._core.trace import ExecutionTrace
 from hrx_async.errors import ContractError, ExecutionError
-from hrx_async.memory import PlacementKind
-from hrx_async.trace import ExecutionTrace
 
 pytestmark = pytest.mark.anyio
 

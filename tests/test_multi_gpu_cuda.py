@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+from hrx_async._core.lane import Lane
 from hrx_async.backends import probe
-from hrx_async.lanes.lane import Lane
 
 pytestmark = [pytest.mark.cuda, pytest.mark.anyio]
 
@@ -125,9 +125,9 @@ async def test_native_code_and_adopted_arrays_on_the_second_gpu() -> None:
 
 @needs_cuda
 def test_the_several_gpu_backend_routes_and_waits_between_devices() -> None:
+    from hrx_async._core.ops import Copy, Fill
     from hrx_async.backends.cuda import open_backend
     from hrx_async.backends.multi_gpu import MultiGpuBackend
-    from hrx_async.ops import Copy, Fill
 
     backend = MultiGpuBackend([open_backend(0), open_backend(0)])
     try:

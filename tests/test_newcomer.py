@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import pytest
 
-from hrx_async import kernel_cache
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace, TraceEvent
+from hrx_async.backends import kernel_cache
 from hrx_async.cli import main
 from hrx_async.examples import graph_prepare
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Report
-from hrx_async.lanes.lane import Lane
-from hrx_async.trace import ExecutionTrace, TraceEvent
 
 ROOT = Path(__file__).resolve().parent.parent
 

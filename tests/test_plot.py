@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace, TraceEvent
 from hrx_async.errors import ContractError, Unsupported
-from hrx_async.lanes.lane import Lane
 from hrx_async.plot import plot_timeline
-from hrx_async.trace import ExecutionTrace, TraceEvent
 
 
 def make_trace(failed: bool) -> ExecutionTrace:

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
+from hrx_async._core.graph import Node, plan_graph, single_launch_plan
+from hrx_async._core.lane import Lane
+from hrx_async._core.ops import Copy
 from hrx_async.backends import probe
 from hrx_async.errors import Cancelled, ContractError, ExecutionError, PoisonedError
-from hrx_async.graph import Node, plan_graph, single_launch_plan
-from hrx_async.lanes.lane import Lane
-from hrx_async.ops import Copy
 from tests.helpers import load_mix, load_npu_mix, mix_numpy
 from tests.test_equivalence import graphs, run_case
 from tests.test_ordering_rules import Log

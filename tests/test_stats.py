@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from hrx_async._core.lane import Lane
+from hrx_async._core.stats import FIELD_NAMES, Counters, Statistics
 from hrx_async.errors import ContractError
-from hrx_async.lanes.lane import Lane
-from hrx_async.stats import FIELD_NAMES, Counters, Statistics
 
 EXPECTED_ORDER = [
     "native_graphs_prepared",

@@ -9,9 +9,9 @@ import anyio
 import pytest
 
 import hrx_async as hrx
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace, TraceEvent, TraceRecorder
 from hrx_async.errors import ContractError
-from hrx_async.lanes.lane import Lane
-from hrx_async.trace import ExecutionTrace, TraceEvent, TraceRecorder
 
 
 def event(

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hrx_async._core.intervals import merge_intervals
+from hrx_async._core.tracker import AccessTracker
 from hrx_async.errors import ContractError
-from hrx_async.tracker import AccessTracker, merge_intervals
 
 Segments = list[tuple[int, int, int | None, frozenset[int]]]
 

@@ -26,12 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
-from hrx_async.contract import Access, Binding, Constants, KernelContract, check_dims
-from hrx_async.errors import BackendError, ContractError, HrxError, RuntimeClosed, Unsupported
-from hrx_async.graph import Graph
-from hrx_async.kernels import GpuKernel, KernelSource, NpuKernel
-from hrx_async.lanes.lane import Lane
-from hrx_async.memory import (
+from hrx_async._core.contract import Access, Binding, Constants, KernelContract, check_dims
+from hrx_async._core.graph import Graph
+from hrx_async._core.kernels import GpuKernel, KernelSource, NpuKernel
+from hrx_async._core.lane import Lane
+from hrx_async._core.memory import (
     GPU_LOCAL,
     HOST_VISIBLE,
     Buffer,
@@ -44,6 +43,7 @@ from hrx_async.memory import (
     npu_local,
     shared,
 )
+from hrx_async.errors import BackendError, ContractError, HrxError, RuntimeClosed, Unsupported
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

@@ -40,8 +40,8 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from . import _validate
-from .errors import BudgetExceeded, Busy, ContractError
+from ..errors import BudgetExceeded, Busy, ContractError
+from . import validate as _validate
 
 
 class Manager(Protocol):

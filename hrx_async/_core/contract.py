@@ -12,8 +12,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import _validate
-from .errors import ContractError
+from ..errors import ContractError
+from . import validate as _validate
 
 
 class Access(enum.Enum):

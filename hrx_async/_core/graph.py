@@ -13,17 +13,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _validate
+from ..errors import ContractError
+from . import validate as _validate
 from .contract import Access, KernelContract
-from .errors import ContractError
+from .intervals import Interval, merge_intervals, tracked_range
 from .kernels import GpuKernel, NpuKernel
-from .lanes.lane import Lane
+from .lane import Lane
 from .memory import Buffer, Domain, View, view_of
 from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
-from .tracker import AccessTracker, merge_intervals
+from .tracker import AccessTracker
 
 if TYPE_CHECKING:
-    from .prepared import PreparedGraph
+    from ..prepared import PreparedGraph
 
 _COPY_LANES = (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD)
 
@@ -49,15 +50,6 @@ class Node:
     @property
     def kind(self) -> str:
         return type(self.op).__name__.lower()
-
-
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """Bytes [start, end) of one buffer."""
-
-    buffer: Buffer
-    start: int
-    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +113,6 @@ class GraphPlan:
         for interval in self.reads + self.writes:
             seen.setdefault(interval.buffer.ident, interval.buffer)
         return tuple(seen.values())
-
-
-def tracked_range(view: View) -> tuple[int, int]:
-    """The byte range ordering uses: shared memory is ordered as a whole allocation."""
-    if view.buffer.placement.tracked_whole:
-        return (0, view.buffer.nbytes)
-    return (view.offset, view.end)
 
 
 class Graph:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate
+from ..errors import ContractError
+from . import validate as _validate
 from .contract import KernelContract
-from .errors import ContractError
 from .memory import Domain
 
 HostKernel = Callable[[list[np.ndarray[Any, np.dtype[np.uint8]]], bytes], None]

@@ -1,4 +1,5 @@
-"""Lane numbers. They are the original's, and they appear in traces as thread ids."""
+"""Lane numbers and queue keys. The numbers are the original's, and they appear in traces as
+thread ids."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ class Lane(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+QueueKey = tuple[Lane, int]
+"""A lane and the device index it serves (NPU lanes are per NPU)."""
+
+__all__ = ["Lane", "QueueKey"]

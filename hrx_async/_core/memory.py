@@ -16,13 +16,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _validate
+from ..errors import ContractError, RuntimeClosed
+from . import validate as _validate
 from .budget import MemoryBudget as MemoryBudget
 from .budget import Reservation as Reservation
-from .errors import ContractError, RuntimeClosed
 
 if TYPE_CHECKING:
-    from .errors import HrxError
+    from ..errors import HrxError
 
 
 class PlacementKind(enum.Enum):

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
-from .errors import ContractError
-
 U = TypeVar("U", bound=Hashable)
 
 # What `segments` reports for a segment without readers.
@@ -202,11 +200,6 @@ class Allocation(Generic[U]):
         self.starts = [start]
         # (end, writer, readers) of the segment starting at the same index in `starts`.
         self.rest = [segment]
-
-
-def check_range(start: int, end: int) -> None:
-    if start < 0 or end <= start:
-        raise ContractError(f"byte range [{start}, {end}) is invalid: need 0 <= start < end")
 
 
 def splice(alloc: Allocation[U], lo: int, hi: int, pieces: list[Piece[U]]) -> None:

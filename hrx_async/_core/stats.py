@@ -10,8 +10,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from hrx_async._core.lane import Lane
 from hrx_async.errors import ContractError
-from hrx_async.lanes.lane import Lane
 
 
 @dataclass(frozen=True, slots=True)

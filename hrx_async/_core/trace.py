@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hrx_async._core.lane import Lane
 from hrx_async.errors import ContractError
-from hrx_async.lanes.lane import Lane
 
 PROCESS_NAME = "hrx_async"
 """The process name shown by trace viewers."""

@@ -50,16 +50,15 @@ user may still appear in.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from .errors import ContractError
+from .intervals import check_range
 from .segments import (
     Allocation,
     Piece,
     ReaderGroup,
     Readers,
-    check_range,
     frozen,
     holds,
     join_reader,
@@ -512,28 +511,4 @@ class AccessTracker(Generic[U]):
         alloc.rest.clear()
 
 
-def merge_intervals(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sort half-open intervals and merge those that overlap or touch.
-
-    ``[(4, 8), (0, 4), (10, 12)]`` gives ``[(0, 8), (10, 12)]``. Empty intervals
-    (``start == end``) cover nothing and are dropped; an interval with ``end < start``
-    raises `ContractError`.
-    """
-    ordered: list[tuple[int, int]] = []
-    for s, e in intervals:
-        if e < s:
-            raise ContractError(f"interval [{s}, {e}) is invalid: need start <= end")
-        if e > s:
-            ordered.append((s, e))
-    ordered.sort()
-    merged: list[tuple[int, int]] = []
-    for s, e in ordered:
-        if merged and s <= merged[-1][1]:
-            if e > merged[-1][1]:
-                merged[-1] = (merged[-1][0], e)
-        else:
-            merged.append((s, e))
-    return merged
-
-
-__all__ = ["AccessTracker", "merge_intervals"]
+__all__ = ["AccessTracker"]

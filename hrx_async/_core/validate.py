@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .errors import ContractError
+from ..errors import ContractError
 
 if TYPE_CHECKING:
     pass

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import ContractError, HrxError
+from ..errors import ContractError, HrxError
 
 FORMAT = 2
 """Entry format; entries of any other format are misses (format 1 held no key)."""

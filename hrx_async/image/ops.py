@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import shown
-from ..contract import Access, Binding, KernelContract
+from .._core.contract import Access, Binding, KernelContract
+from .._core.graph import Graph
+from .._core.kernels import GpuKernel, KernelSource
+from .._core.validate import shown
 from ..errors import ContractError
-from ..graph import Graph
-from ..kernels import GpuKernel, KernelSource
 from ..models import DType, PlanCache, Tensor
 from ..runtime import Runtime
 from . import args as image_args

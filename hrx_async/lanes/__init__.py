@@ -1,5 +1,5 @@
 """Scheduling lanes: lane numbers, lane tasks, admission and the host lane."""
 
-from .lane import Lane
+from .._core.lane import Lane
 
 __all__ = ["Lane"]

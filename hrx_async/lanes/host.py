@@ -12,12 +12,12 @@ from typing import Any
 
 import anyio
 
+from .._core.contract import Access
+from .._core.lane import Lane
+from .._core.ops import HostCall, Op
 from ..backends.base import HostArray, QueueKey
 from ..backends.numpy_ops import ByteArray, StepProgram, compile_region, view_array
 from ..backends.worker import WorkerQueue
-from ..contract import Access
-from ..lanes.lane import Lane
-from ..ops import HostCall, Op
 from .region import RUNNING_HOST_REGION, RegionRun
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .lane import Lane
+from .._core.lane import Lane
 from .region import RegionRun
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import anyio
 
+from .._core.graph import RegionPlan
+from .._core.stats import Counters
+from .._core.trace import TraceEvent, TraceRecorder
+from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
-from ..graph import RegionPlan
-from ..stats import Counters
-from ..trace import TraceEvent, TraceRecorder
-from ..tracker import AccessTracker
 from .poison import PoisonBook
 from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from .._core.intervals import Interval
+from .._core.memory import Buffer
 from ..errors import HrxError
-from ..graph import Interval
-from ..memory import Buffer
 
 
 class PoisonBook:

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._core.graph import RegionPlan
+from .._core.intervals import Interval
+from .._core.lane import Lane
 from ..completion import Completion
 from ..errors import (
     Cancelled,
@@ -25,13 +28,11 @@ from ..errors import (
     HrxError,
     PoisonedError,
 )
-from ..graph import Interval, RegionPlan
-from .lane import Lane
 
 if TYPE_CHECKING:
+    from .._core.memory import Buffer
+    from .._core.tracker import AccessTracker
     from ..backends.base import Fence
-    from ..memory import Buffer
-    from ..tracker import AccessTracker
     from .scheduler import Scheduler
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)

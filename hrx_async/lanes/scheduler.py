@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from .._core.lane import Lane
+from .._core.stats import Counters
+from .._core.trace import TraceRecorder
+from .._core.tracker import AccessTracker
 from ..completion import Completion
 from ..errors import (
     Busy,
@@ -38,11 +42,7 @@ from ..errors import (
     PoisonedError,
     RuntimeClosed,
 )
-from ..stats import Counters
-from ..trace import TraceRecorder
-from ..tracker import AccessTracker
 from .host import AsyncHostProgram
-from .lane import Lane
 from .lane_task import LaneRunner
 from .notify import LoopNotifier
 from .outcomes import Outcomes
@@ -59,8 +59,8 @@ from .region import (
 from .watch import QueueWatch
 
 if TYPE_CHECKING:
+    from .._core.memory import Buffer
     from ..backends.base import Fence
-    from ..memory import Buffer
     from ..prepared import PreparedGraph
 
 

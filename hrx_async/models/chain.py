@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._core.memory import HOST_VISIBLE, View
 from ..completion import Completion
 from ..errors import ContractError
-from ..memory import HOST_VISIBLE, View
 from ..prepared import PreparedGraph
 from ..slots import Slot
 from . import _check

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.memory import View
 from ..completion import Completion
 from ..errors import ContractError
-from ..memory import View
 from . import _check
 from .tensor import TensorDesc
 

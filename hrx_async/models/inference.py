@@ -36,9 +36,9 @@ from typing import Any, overload
 
 import numpy as np
 
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
 from ..completion import Completion
 from ..errors import ContractError
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
 from ..prepared import PreparedGraph
 from ..runtime import Runtime
 from ..slots import Slot, SlotPool
