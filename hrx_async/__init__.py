@@ -25,8 +25,9 @@ from ._core.memory import (
 )
 from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace, TraceEvent
+from ._runtime.completion import Completion, CompletionProfile
+from ._runtime.prepared import PreparedGraph
 from .blocking import BlockingPreparedGraph, BlockingRuntime
-from .completion import Completion, CompletionProfile
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -79,7 +80,6 @@ from .models import (
     read_safetensors_header,
     write_safetensors,
 )
-from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
 from .serve import RuntimeService
 from .slots import Batcher, Slot, SlotPool

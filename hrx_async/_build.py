@@ -16,12 +16,12 @@ from typing import Any
 COMPILED: tuple[str, ...] = (
     "hrx_async._core.tracker",
     "hrx_async._core.segments",
-    "hrx_async.completion",
-    "hrx_async.lanes.poison",
-    "hrx_async.lanes.region",
-    "hrx_async.lanes.outcomes",
-    "hrx_async.lanes.scheduler",
-    "hrx_async.lanes.watch",
+    "hrx_async._runtime.completion",
+    "hrx_async._runtime.poison",
+    "hrx_async._runtime.region",
+    "hrx_async._runtime.outcomes",
+    "hrx_async._runtime.scheduler",
+    "hrx_async._runtime.watch",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream",
 )

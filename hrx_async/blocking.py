@@ -52,10 +52,10 @@ from ._core.kernels import GpuKernel, KernelSource, NpuKernel
 from ._core.memory import Buffer, Placement, View
 from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace
+from ._runtime.completion import Completion
+from ._runtime.prepared import PreparedGraph
 from .backends.worker import worker_origin
-from .completion import Completion
 from .errors import Busy, ContractError, RuntimeClosed
-from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
 
 R = TypeVar("R")

@@ -21,7 +21,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from . import interop
 from ._core import validate as _validate
 from ._core.contract import Access, KernelContract, check_dims
 from ._core.graph import Graph, GraphPlan
@@ -40,6 +39,11 @@ from ._core.memory import (
 )
 from ._core.stats import Counters, Statistics
 from ._core.trace import ExecutionTrace, TraceRecorder
+from ._runtime import interop
+from ._runtime.host import HostExecutor
+from ._runtime.mappings import HostMappings
+from ._runtime.prepared import PreparedGraph
+from ._runtime.scheduler import Scheduler
 from .backends import GPU_BACKENDS, open_gpu_backend
 from .backends.base import Backend
 from .backends.sim import SimBackend
@@ -51,10 +55,6 @@ from .errors import (
     DeviceLost,
     RuntimeClosed,
 )
-from .lanes.host import HostExecutor
-from .lanes.scheduler import Scheduler
-from .mappings import HostMappings
-from .prepared import PreparedGraph
 
 NPU_CHOICES = ("auto", "sim", "xrt", None)
 _MAX_SIM_NPUS = 64
@@ -558,7 +558,7 @@ class Runtime:
         """Wait until every submission made so far has finished."""
         await self._scheduler_or_raise().drain()
 
-    # -- host mappings (hrx_async.mappings) ------------------------------------
+    # -- host mappings (hrx_async._runtime.mappings) ------------------------------------
 
     @property
     def _mapping_count(self) -> int:
@@ -574,7 +574,7 @@ class Runtime:
     def _map_nowait(self, view: View, write: bool) -> HostMapping:
         return self._host_mappings.map_nowait(view, write)
 
-    # -- interop (hrx_async.interop) -------------------------------------------
+    # -- interop (hrx_async._runtime.interop) -------------------------------------------
 
     def adopt_gpu_buffer(
         self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""

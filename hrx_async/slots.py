@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .completion import Completion
+from ._runtime.completion import Completion
 from .errors import Busy, ContractError, RuntimeClosed
 
 if TYPE_CHECKING:
-    from .prepared import PreparedGraph
+    from ._runtime.prepared import PreparedGraph
     from .runtime import Runtime
 
 T = TypeVar("T")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+from hrx_async._runtime.interop import GpuAccess
 from hrx_async.backends import probe
-from hrx_async.interop import GpuAccess
 
 pytestmark = pytest.mark.anyio
 

@@ -21,11 +21,11 @@ import pytest
 
 import hrx_async as hrx
 import hrx_async.runtime as runtime_module
+from hrx_async._runtime.completion import YIELD_EVERY
+from hrx_async._runtime.watch import SWEEP_LIMIT
 from hrx_async.backends._stream import StreamBackend, make_error
 from hrx_async.backends.kernel_cache import KernelCache
-from hrx_async.completion import YIELD_EVERY
 from hrx_async.errors import ContractError
-from hrx_async.lanes.watch import SWEEP_LIMIT
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,7 @@ from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
 from .tracker import AccessTracker
 
 if TYPE_CHECKING:
-    from ..prepared import PreparedGraph
+    from .._runtime.prepared import PreparedGraph
 
 _COPY_LANES = (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD)
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import Busy
+from ..errors import Busy
 
 
 @dataclass(frozen=True, slots=True)

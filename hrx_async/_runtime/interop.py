@@ -31,20 +31,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._core import validate as _validate
-from ._core.contract import Access
-from ._core.dlpack import DLPACK_CPU, DLPACK_CUDA, GPU_DLPACK_DEVICES
-from ._core.graph import RegionPlan
-from ._core.intervals import Interval
-from ._core.lane import Lane
-from ._core.memory import Buffer, Placement, PlacementKind, View
-from .backends.base import Fence, GpuInterop
-from .errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
-from .lanes.region import DONE, FAILED, ISSUED, RegionRun, Submission
+from .._core import validate as _validate
+from .._core.contract import Access
+from .._core.dlpack import DLPACK_CPU, DLPACK_CUDA, GPU_DLPACK_DEVICES
+from .._core.graph import RegionPlan
+from .._core.intervals import Interval
+from .._core.lane import Lane
+from .._core.memory import Buffer, Placement, PlacementKind, View
+from ..backends.base import Fence, GpuInterop
+from ..errors import Busy, ContractError, HrxError, PoisonedError, Unsupported
 from .mappings import MappingToken
+from .region import DONE, FAILED, ISSUED, RegionRun, Submission
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 ByteArray = np.ndarray[Any, np.dtype[np.uint8]]
 

@@ -1,7 +1,7 @@
 """Host mappings: the live `map_read`/`map_write` mappings of one runtime.
 
 `HostMappings` is the runtime's book of them: per buffer the tokens of the live
-mappings (and of the allocations `hrx_async.interop.gpu_access` reserves, which
+mappings (and of the allocations `hrx_async._runtime.interop.gpu_access` reserves, which
 count as mappings), the host arrays mappings handed out, and the closing rules.
 A submit touching mapped bytes is `Busy`; closing waits for `async with`
 mappings other tasks hold, then invalidates whatever is still held.
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from ._core.graph import GraphPlan
-from ._core.intervals import tracked_range
-from ._core.memory import Domain, HostMapping, View, view_of
-from .errors import Busy, PoisonedError, RuntimeClosed, Unsupported
-from .lanes.region import RegionRun
+from .._core.graph import GraphPlan
+from .._core.intervals import tracked_range
+from .._core.memory import Domain, HostMapping, View, view_of
+from ..errors import Busy, PoisonedError, RuntimeClosed, Unsupported
+from .region import RegionRun
 
 if TYPE_CHECKING:
-    from .backends.base import Backend
-    from .lanes.scheduler import Scheduler
+    from ..backends.base import Backend
+    from .scheduler import Scheduler
 
 
 class MappingToken:
@@ -35,7 +35,7 @@ class MappingToken:
 
     `memory` is the memoryview handed out (None until the bytes are mapped); `task` is the
     task holding an `async with` mapping, None for the `*_nowait` forms (and for the
-    `gpu_access` blocks of `hrx_async.interop`, which subclass this).
+    `gpu_access` blocks of `hrx_async._runtime.interop`, which subclass this).
     """
 
     __slots__ = ("end", "mapped", "memory", "start", "task", "view", "write")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._core.graph import GraphPlan, Node, RegionPlan
-from ._core.intervals import Interval, read_before_written, written_whole
+from .._core.graph import GraphPlan, Node, RegionPlan
+from .._core.intervals import Interval, read_before_written, written_whole
 from .completion import Completion
 
 if TYPE_CHECKING:
-    from ._core.lane import Lane
-    from ._core.memory import Buffer
-    from .runtime import Runtime
+    from .._core.lane import Lane
+    from .._core.memory import Buffer
+    from ..runtime import Runtime
 
 ByteAccess = tuple[int, int, int, bool]
 """(buffer ident, start, end, writes)"""

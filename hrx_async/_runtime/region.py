@@ -18,7 +18,6 @@ import anyio
 from .._core.graph import RegionPlan
 from .._core.intervals import Interval
 from .._core.lane import Lane
-from ..completion import Completion
 from ..errors import (
     Cancelled,
     ContractError,
@@ -28,6 +27,7 @@ from ..errors import (
     HrxError,
     PoisonedError,
 )
+from .completion import Completion
 
 if TYPE_CHECKING:
     from .._core.memory import Buffer

@@ -31,7 +31,6 @@ from .._core.lane import Lane
 from .._core.stats import Counters
 from .._core.trace import TraceRecorder
 from .._core.tracker import AccessTracker
-from ..completion import Completion
 from ..errors import (
     Busy,
     Cancelled,
@@ -42,6 +41,7 @@ from ..errors import (
     PoisonedError,
     RuntimeClosed,
 )
+from .completion import Completion
 from .host import AsyncHostProgram
 from .lane_task import LaneRunner
 from .notify import LoopNotifier
@@ -61,7 +61,7 @@ from .watch import QueueWatch
 if TYPE_CHECKING:
     from .._core.memory import Buffer
     from ..backends.base import Fence
-    from ..prepared import PreparedGraph
+    from .prepared import PreparedGraph
 
 
 _NO_WAITS: tuple[Fence, ...] = ()

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core.memory import HOST_VISIBLE, View
-from ..completion import Completion
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..prepared import PreparedGraph
 from ..slots import Slot
 from . import _check
 from .device import DeviceTensor

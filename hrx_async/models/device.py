@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core.memory import View
-from ..completion import Completion
+from .._runtime.completion import Completion
 from ..errors import ContractError
 from . import _check
 from .tensor import TensorDesc

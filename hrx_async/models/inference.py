@@ -37,9 +37,9 @@ from typing import Any, overload
 import numpy as np
 
 from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
-from ..completion import Completion
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..prepared import PreparedGraph
 from ..runtime import Runtime
 from ..slots import Slot, SlotPool
 from . import _check, chain
