@@ -77,7 +77,9 @@ class BlockingPreparedGraph(PreparedGraph):
     __slots__ = ("blocking",)
 
     def __init__(self, blocking: BlockingRuntime, prepared: PreparedGraph) -> None:
-        super().__init__(prepared.runtime, prepared.plan, prepared.programs, prepared.providers)
+        super().__init__(
+            prepared.runtime, prepared.session, prepared.plan, prepared.programs, prepared.providers
+        )
         self.blocking = blocking
 
     def submit(self, after: Iterable[Completion] = ()) -> Completion:
@@ -286,7 +288,7 @@ class BlockingRuntime:
             shared_bytes,
         )
 
-    def graph(self, label: str = "graph") -> Graph:
+    def graph(self, label: str = "graph") -> Graph[PreparedGraph]:
         """A graph to record in this thread; its `prepare()` returns a `BlockingPreparedGraph`."""
         checked = self.call(self.runtime.graph, label)
         return Graph(checked.domain, label, self._prepare)

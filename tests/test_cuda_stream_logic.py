@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-import hrx_async.runtime as runtime_module
+import hrx_async._runtime.session as runtime_module
 from hrx_async._runtime.completion import YIELD_EVERY
 from hrx_async._runtime.watch import SWEEP_LIMIT
 from hrx_async.backends._stream import StreamBackend, make_error

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import ContractError
 from . import validate as _validate
@@ -23,8 +23,8 @@ from .memory import Buffer, Domain, View, view_of
 from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
 from .tracker import AccessTracker
 
-if TYPE_CHECKING:
-    from .._runtime.prepared import PreparedGraph
+P = TypeVar("P")
+"""What a graph's preparer makes of its plan: the runtime's `PreparedGraph`."""
 
 _COPY_LANES = (Lane.UPLOAD, Lane.COMPUTE, Lane.DOWNLOAD)
 
@@ -115,7 +115,7 @@ class GraphPlan:
         return tuple(seen.values())
 
 
-class Graph:
+class Graph(Generic[P]):
     """Records fills, copies, GPU kernels, NPU kernels and host functions over views.
 
     Every method validates its input at once and returns the new node's index;
@@ -128,7 +128,7 @@ class Graph:
         self,
         domain: Domain,
         label: str = "graph",
-        preparer: Callable[[GraphPlan], PreparedGraph] | None = None,
+        preparer: Callable[[GraphPlan], P] | None = None,
     ) -> None:
         self.domain = _validate.instance(domain, Domain, "a graph's domain", "Runtime.graph()")
         self.label = _validate.text(label, "a graph label")
@@ -258,7 +258,7 @@ class Graph:
                 view.buffer.check_alive()
         return plan_graph(self.label, self.domain, self._nodes)
 
-    def prepare(self, single_launch: bool = False) -> PreparedGraph:
+    def prepare(self, single_launch: bool = False) -> P:
         """Validate, plan and build the backend's artifacts. The graph can still be extended
         and prepared again; prepared graphs are independent of it.
 

@@ -1,6 +1,6 @@
 """Host mappings: the live `map_read`/`map_write` mappings of one runtime.
 
-`HostMappings` is the runtime's book of them: per buffer the tokens of the live
+`HostMappings` is the session's book of them: per buffer the tokens of the live
 mappings (and of the allocations `hrx_async._runtime.interop.gpu_access` reserves, which
 count as mappings), the host arrays mappings handed out, and the closing rules.
 A submit touching mapped bytes is `Busy`; closing waits for `async with`
@@ -58,17 +58,17 @@ class MappingToken:
 
 
 class MappingOwner(Protocol):
-    """What host mappings need from the runtime they belong to."""
+    """What host mappings need from the session they belong to (`session.Session`)."""
 
     @property
     def domain(self) -> Domain: ...
 
     @property
-    def _scheduler(self) -> Scheduler | None: ...
+    def scheduler(self) -> Scheduler | None: ...
 
-    def _scheduler_or_raise(self) -> Scheduler: ...
+    def scheduler_or_raise(self) -> Scheduler: ...
 
-    def _backend_or_raise(self) -> Backend: ...
+    def backend_or_raise(self) -> Backend: ...
 
 
 class HostMappings:
@@ -134,7 +134,7 @@ class HostMappings:
     def begin(self, view: View, write: bool, wait: bool) -> tuple[MappingToken, list[RegionRun]]:
         """Check and book a mapping of `view`; returns its token and the submitted work it
         must wait for first (none unless `wait`: pending work is `Busy` otherwise)."""
-        scheduler = self._owner._scheduler_or_raise()
+        scheduler = self._owner.scheduler_or_raise()
         if self.closing:
             raise RuntimeClosed("the runtime is closing; it maps no more memory")
         view = view_of(view, self._owner.domain, "a mapped view")
@@ -170,7 +170,7 @@ class HostMappings:
         token.memory = None
         if not self.drop(token):
             return False
-        scheduler = self._owner._scheduler
+        scheduler = self._owner.scheduler
         if scheduler is not None:
             scheduler.tracker.forget(token)
         return True
@@ -181,7 +181,7 @@ class HostMappings:
             return  # ending it again, or after closing invalidated it, changes nothing
         buffer = token.view.buffer
         whole = token.view.offset == 0 and token.view.nbytes == buffer.nbytes
-        scheduler = self._owner._scheduler
+        scheduler = self._owner.scheduler
         if token.mapped and token.write and whole and scheduler is not None:
             # A whole write mapping that was handed out overwrote every byte; one that
             # never got its memory (cancelled or refused while waiting) clears nothing.
@@ -193,7 +193,7 @@ class HostMappings:
             ended.set()
 
     def _memory(self, view: View, write: bool) -> memoryview:
-        backend = self._owner._backend_or_raise()
+        backend = self._owner.backend_or_raise()
         # A fresh array per mapping: while a weak reference to it is alive, something
         # derived from the memoryview still reaches the storage (see free_storage).
         array = backend.host_array(view.buffer.storage, view.offset, view.nbytes).view()
@@ -214,7 +214,7 @@ class HostMappings:
             for dep in pending:
                 await dep.wait_finished()
             if view.buffer.poison is not None and not write:
-                cause = self._owner._scheduler_or_raise().poison_book.overlaps(
+                cause = self._owner.scheduler_or_raise().poison_book.overlaps(
                     view.buffer, token.start, token.end
                 )
                 if cause is not None:

@@ -12,7 +12,7 @@ from .completion import Completion
 if TYPE_CHECKING:
     from .._core.lane import Lane
     from .._core.memory import Buffer
-    from ..runtime import Runtime
+    from .ports import Submitter
 
 ByteAccess = tuple[int, int, int, bool]
 """(buffer ident, start, end, writes)"""
@@ -49,17 +49,22 @@ class PreparedGraph:
         "queues",
         "region_inputs",
         "runtime",
+        "session",
         "steps",
     )
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: object,
+        session: Submitter,
         plan: GraphPlan,
         programs: tuple[Any, ...],
         providers: tuple[object, ...],
     ) -> None:
         self.runtime = runtime
+        """The `Runtime` that prepared it (its public handle)."""
+        self.session = session
+        """What it submits through: the runtime's opened session."""
         self.plan = plan
         self.programs = programs
         self.providers = providers
@@ -138,16 +143,16 @@ class PreparedGraph:
         byte range; `after` adds explicit dependencies on other submissions.
         Beyond `max_submissions` in flight, the replay waits for admission in order.
         """
-        scheduler = self.runtime._scheduler
+        scheduler = self.session.scheduler
         if scheduler is None:
-            scheduler = self.runtime._scheduler_or_raise()
+            scheduler = self.session.scheduler_or_raise()
         return scheduler.submit(self, after, False)
 
     def submit_nowait(self, after: Iterable[Completion] = ()) -> Completion:
         """Like `submit`, but raise `Busy` instead of queueing beyond `max_submissions`."""
-        scheduler = self.runtime._scheduler
+        scheduler = self.session.scheduler
         if scheduler is None:
-            scheduler = self.runtime._scheduler_or_raise()
+            scheduler = self.session.scheduler_or_raise()
         return scheduler.submit(self, after, True)
 
     def __repr__(self) -> str:

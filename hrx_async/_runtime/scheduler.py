@@ -137,9 +137,9 @@ class Scheduler(Outcomes):
         for buffer in prepared.inputs:
             if buffer.poison is not None:
                 self._check_input_poison(prepared, buffer)
-        runtime = prepared.runtime
-        if runtime._host_mappings.count:
-            runtime._check_mapping_conflicts(prepared.plan)
+        mappings = prepared.session.mappings
+        if mappings.count:
+            mappings.check_conflicts(prepared.plan)
         after_items: tuple[Completion, ...] = ()
         if after:
             try:

@@ -116,6 +116,10 @@ class SimBackend:
     def npu_count(self) -> int:
         return self._npus
 
+    def serve_npus(self, npus: int) -> None:
+        """Serve `npus` NPUs too (a runtime whose GPU backend is this one sets how many)."""
+        self._npus = npus
+
     def npu_target(self, npu: int) -> str:
         return SIM_NPU_TARGET
 
