@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from hrx_async.benchmark import Distribution, LoopLag, StageTimer, paired, percentile
 from hrx_async.errors import ContractError
+from hrx_async.tools.benchmark import Distribution, LoopLag, StageTimer, paired, percentile
 
 
 @pytest.mark.parametrize("p", [0, 101, -5, 0.5, 100.01, float("nan"), True])

@@ -16,11 +16,11 @@ import pytest
 
 from hrx_async._core.lane import Lane
 from hrx_async._core.trace import ExecutionTrace, TraceEvent
-from hrx_async.cli import build_parser, main
 from hrx_async.errors import ContractError
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from hrx_async.plot import load_timeline
-from hrx_async.runner import kernel_source
+from hrx_async.tools.cli import build_parser, main
+from hrx_async.tools.plot import load_timeline
+from hrx_async.tools.runner import kernel_source
 from tests.helpers import fifo_with_a_late_writer
 
 # The Chrome trace-event JSON the runtime writes (what Perfetto and chrome://tracing read).
@@ -428,7 +428,7 @@ def test_run_refuses_buffers_larger_than_host_memory_before_allocating(
 
 LIMITED_RUN = """
 import resource, sys
-from hrx_async.cli import main
+from hrx_async.tools.cli import main
 
 with open("/proc/self/status") as status:
     used = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024

@@ -15,11 +15,11 @@ import anyio
 import pytest
 
 import hrx_async
-from hrx_async import doctor
 from hrx_async.backends import cuda, probe
-from hrx_async.cli import main
 from hrx_async.errors import BackendUnavailable, ContractError
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hrx_async.tools import doctor
+from hrx_async.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

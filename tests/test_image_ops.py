@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+import hrx_async.models
 from hrx_async.image import ImageOps
 from hrx_async.image import args as image_args
 from hrx_async.image.cxx import SOURCE
@@ -23,18 +24,20 @@ from hrx_async.image.host import KERNELS
 pytestmark = pytest.mark.anyio
 
 
-def nchw(ctx: hrx.ModelContext, dtype: str, shape: tuple[int, ...], layout: str = "nchw") -> Any:
-    return ctx.tensor(hrx.TensorDesc(dtype, shape, layout=layout), hrx.GPU_LOCAL)
+def nchw(
+    ctx: hrx.models.ModelContext, dtype: str, shape: tuple[int, ...], layout: str = "nchw"
+) -> Any:
+    return ctx.tensor(hrx.models.TensorDesc(dtype, shape, layout=layout), hrx.GPU_LOCAL)
 
 
 async def test_a_replay_for_a_seen_shape_prepares_nothing() -> None:
     async with hrx.Runtime(backend="sim") as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt, capacity=8)
         raw = nchw(ctx, "u8", (2, 48, 64, 3), "nhwc")
         small = nchw(ctx, "u8", (2, 3, 32, 32))
         x = nchw(ctx, "f32", (2, 3, 32, 32))
-        patches = ctx.tensor(hrx.TensorDesc("f32", (2, 16, 192)), hrx.GPU_LOCAL)
+        patches = ctx.tensor(hrx.models.TensorDesc("f32", (2, 16, 192)), hrx.GPU_LOCAL)
 
         async def record() -> hrx.PreparedGraph:
             g = rt.graph("preprocess")
@@ -67,7 +70,7 @@ async def test_a_replay_for_a_seen_shape_prepares_nothing() -> None:
 
 async def test_the_plan_cache_is_bounded_and_keyed_by_shape_dtype_and_parameters() -> None:
     async with hrx.Runtime(backend="sim") as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt, capacity=2)
         src = nchw(ctx, "f32", (1, 3, 16, 16))
         a, b = nchw(ctx, "f32", (1, 3, 8, 8)), nchw(ctx, "f32", (1, 3, 4, 4))
@@ -85,21 +88,25 @@ async def test_the_plan_cache_is_bounded_and_keyed_by_shape_dtype_and_parameters
         assert "plans" in repr(ops)
 
 
-def bad_calls(ctx: hrx.ModelContext, other: hrx.ModelContext) -> list[tuple[str, Any]]:
+def bad_calls(
+    ctx: hrx.models.ModelContext, other: hrx.models.ModelContext
+) -> list[tuple[str, Any]]:
     """(what, call(ops, graph)) for input each operation must refuse."""
     img = nchw(ctx, "f32", (1, 3, 8, 8))
     u8 = nchw(ctx, "u8", (1, 3, 8, 8))
     out = nchw(ctx, "f32", (1, 3, 4, 4))
-    general = ctx.tensor(hrx.TensorDesc("f32", (1, 3, 8, 8)), hrx.GPU_LOCAL)
-    rank2 = ctx.tensor(hrx.TensorDesc("f32", (8, 8), layout="rows"), hrx.GPU_LOCAL)
-    empty = ctx.tensor(hrx.TensorDesc("f32", (1, 3, 0, 8), layout="nchw"), hrx.GPU_LOCAL)
+    general = ctx.tensor(hrx.models.TensorDesc("f32", (1, 3, 8, 8)), hrx.GPU_LOCAL)
+    rank2 = ctx.tensor(hrx.models.TensorDesc("f32", (8, 8), layout="rows"), hrx.GPU_LOCAL)
+    empty = ctx.tensor(hrx.models.TensorDesc("f32", (1, 3, 0, 8), layout="nchw"), hrx.GPU_LOCAL)
     i32 = nchw(ctx, "i32", (1, 3, 8, 8))
     rgba = nchw(ctx, "f32", (1, 4, 8, 8))
     two = nchw(ctx, "f32", (1, 2, 8, 8))
     rgba_small = nchw(ctx, "f32", (1, 4, 4, 4))
     foreign = nchw(other, "f32", (1, 3, 4, 4))
-    npu_only = ctx.tensor(hrx.TensorDesc("f32", (1, 3, 4, 4), layout="nchw"), hrx.npu_local(0))
-    patches = ctx.tensor(hrx.TensorDesc("f32", (1, 4, 48)), hrx.GPU_LOCAL)
+    npu_only = ctx.tensor(
+        hrx.models.TensorDesc("f32", (1, 3, 4, 4), layout="nchw"), hrx.npu_local(0)
+    )
+    patches = ctx.tensor(hrx.models.TensorDesc("f32", (1, 4, 48)), hrx.GPU_LOCAL)
     m = [[1, 0, 0], [0, 1, 0]]
     return [
         ("patch not dividing", lambda o, g: o.patchify(g, img, patches, 3)),
@@ -137,7 +144,7 @@ def bad_calls(ctx: hrx.ModelContext, other: hrx.ModelContext) -> list[tuple[str,
 
 async def test_bad_input_raises_a_contract_error_and_changes_nothing() -> None:
     async with hrx.Runtime(backend="sim") as rt, hrx.Runtime(backend="sim") as rt2:
-        ctx, other = hrx.ModelContext(rt), hrx.ModelContext(rt2)
+        ctx, other = hrx.models.ModelContext(rt), hrx.models.ModelContext(rt2)
         ops = ImageOps(rt)
         g = rt.graph("bad")
         before = (ops.stats(), len(g), rt.statistics().native_graphs_prepared)
@@ -195,7 +202,7 @@ async def test_parameters_the_kernels_cannot_take_are_refused(case: str) -> None
     """Each is a `ContractError` that changes nothing, not a TypeError, a warning or a
     kernel reading inf or NaN."""
     async with hrx.Runtime(backend="sim") as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt)
         tensors = {
             "img": nchw(ctx, "f32", (1, 3, 8, 8)),
@@ -219,7 +226,7 @@ async def test_parameters_the_kernels_cannot_take_are_refused(case: str) -> None
 
 async def test_a_zero_dimensional_array_is_one_number() -> None:
     async with hrx.Runtime(backend="sim") as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt)
         src, dst = nchw(ctx, "u8", (1, 3, 4, 4)), nchw(ctx, "f32", (1, 3, 4, 4))
         g = rt.graph("0-d")
@@ -233,12 +240,14 @@ async def test_image_work_orders_with_other_work_by_byte_range() -> None:
     """A fill of the source, the resize reading it and a copy of its output run in order,
     across lanes and submissions; a resize of disjoint bytes depends on neither."""
     async with hrx.Runtime(backend="sim") as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt)
         buffer = rt.allocate(2 * 3 * 8 * 8, hrx.GPU_LOCAL)
-        first = hrx.Tensor(hrx.TensorDesc("u8", (1, 3, 8, 8), layout="nchw"), buffer.view(0, 192))
-        second = hrx.Tensor(
-            hrx.TensorDesc("u8", (1, 3, 8, 8), layout="nchw"), buffer.view(192, 192)
+        first = hrx.models.Tensor(
+            hrx.models.TensorDesc("u8", (1, 3, 8, 8), layout="nchw"), buffer.view(0, 192)
+        )
+        second = hrx.models.Tensor(
+            hrx.models.TensorDesc("u8", (1, 3, 8, 8), layout="nchw"), buffer.view(192, 192)
         )
         out = nchw(ctx, "u8", (1, 3, 4, 4))
         host = rt.allocate(out.nbytes, hrx.HOST_VISIBLE)

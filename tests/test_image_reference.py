@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
+import hrx_async.models
 from hrx_async.image import ImageOps
 
 cv2 = pytest.importorskip("cv2")
@@ -61,15 +62,15 @@ async def apply(
     """Run one image operation through a runtime: inputs uploaded to GPU-local tensors,
     the output downloaded."""
     async with hrx.Runtime(backend=backend) as rt:
-        ctx = hrx.ModelContext(rt)
+        ctx = hrx.models.ModelContext(rt)
         ops = ImageOps(rt)
         tensors = []
         for array, layout in inputs:
-            tensor = ctx.tensor(hrx.TensorDesc.of_array(array, layout), hrx.GPU_LOCAL)
+            tensor = ctx.tensor(hrx.models.TensorDesc.of_array(array, layout), hrx.GPU_LOCAL)
             await ctx.upload(tensor, array)
             tensors.append(tensor)
         dtype, shape, layout = out
-        dst = ctx.tensor(hrx.TensorDesc(dtype, shape, layout=layout), hrx.GPU_LOCAL)
+        dst = ctx.tensor(hrx.models.TensorDesc(dtype, shape, layout=layout), hrx.GPU_LOCAL)
         graph = rt.graph(op)
         await getattr(ops, op)(graph, *tensors, dst, **params)
         await graph.prepare().submit()
@@ -349,7 +350,7 @@ def test_patchify_matches_reshape_and_transpose(
     gh, gw = cells
     h, w = gh * patch, gw * patch
     rng = np.random.default_rng(seed)
-    nchw = rng.standard_normal((n, c, h, w)).astype(hrx.DType.of(dtype).numpy)
+    nchw = rng.standard_normal((n, c, h, w)).astype(hrx.models.DType.of(dtype).numpy)
     source = nchw if layout == "nchw" else np.ascontiguousarray(nchw.transpose(0, 2, 3, 1))
     features = c * patch * patch
     shape = (n * gh * gw, features) if rows else (n, gh * gw, features)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
+import hrx_async.models
 
 pytestmark = pytest.mark.anyio
 
@@ -20,8 +21,10 @@ B = np.array([1, 2, 3], dtype=np.int64)
 
 def write(tmp_path: Path) -> Path:
     path = tmp_path / "w.safetensors"
-    hrx.write_safetensors(
-        path, {"w": W, "b": B, "h": (hrx.bf16_from_f32(W[0]), "bf16")}, metadata={"format": "np"}
+    hrx.models.write_safetensors(
+        path,
+        {"w": W, "b": B, "h": (hrx.models.bf16_from_f32(W[0]), "bf16")},
+        metadata={"format": "np"},
     )
     return path
 
@@ -37,7 +40,7 @@ def raw_file(
 
 async def test_round_trip_into_gpu_and_host_buffers(tmp_path: Path) -> None:
     path = write(tmp_path)
-    header = hrx.read_safetensors_header(path)
+    header = hrx.models.read_safetensors_header(path)
     assert {n: str(e.desc) for n, e in header.entries.items()} == {
         "w": "f32[3, 4]",
         "b": "i64[3]",
@@ -45,9 +48,9 @@ async def test_round_trip_into_gpu_and_host_buffers(tmp_path: Path) -> None:
     }
     assert header.metadata == {"format": "np"}
     async with hrx.Runtime("sim") as rt:
-        residency: hrx.Residency[Any] = hrx.Residency(1 << 20)
+        residency: hrx.models.Residency[Any] = hrx.models.Residency(1 << 20)
         for placement in (hrx.GPU_LOCAL, hrx.HOST_VISIBLE):
-            lease = await hrx.load_safetensors(
+            lease = await hrx.models.load_safetensors(
                 rt,
                 residency,
                 placement,
@@ -61,7 +64,7 @@ async def test_round_trip_into_gpu_and_host_buffers(tmp_path: Path) -> None:
             g = rt.graph()
             g.copy(out.view(), weights["w"].view)
             await g.prepare().submit()
-            got = hrx.Tensor(weights["w"].desc, out.view())
+            got = hrx.models.Tensor(weights["w"].desc, out.view())
             assert (await got.read() == W).all()
             out.free()
             lease.release()
@@ -73,7 +76,7 @@ async def test_round_trip_into_gpu_and_host_buffers(tmp_path: Path) -> None:
 async def test_bad_files_are_refused_with_typed_errors(tmp_path: Path) -> None:
     good = write(tmp_path)
     async with hrx.Runtime("sim") as rt:
-        residency: hrx.Residency[Any] = hrx.Residency(1 << 20)
+        residency: hrx.models.Residency[Any] = hrx.models.Residency(1 << 20)
         cases: list[tuple[Path, type[Exception]]] = [
             (
                 raw_file(
@@ -81,7 +84,7 @@ async def test_bad_files_are_refused_with_typed_errors(tmp_path: Path) -> None:
                     {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
                     b"\0" * 8,
                 ),
-                hrx.TruncatedArtifact,
+                hrx.models.TruncatedArtifact,
             ),
             (
                 raw_file(
@@ -89,7 +92,7 @@ async def test_bad_files_are_refused_with_typed_errors(tmp_path: Path) -> None:
                     {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}},
                     b"\0" * 12,
                 ),
-                hrx.MislabeledArtifact,
+                hrx.models.MislabeledArtifact,
             ),
             (
                 raw_file(
@@ -97,10 +100,10 @@ async def test_bad_files_are_refused_with_typed_errors(tmp_path: Path) -> None:
                     {"x": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}},
                     b"\0" * 8,
                 ),
-                hrx.MislabeledArtifact,
+                hrx.models.MislabeledArtifact,
             ),
-            (raw_file(tmp_path, {}, b"", length=1 << 40), hrx.OversizedArtifact),
-            (raw_file(tmp_path, {}, b"", length=1000), hrx.TruncatedArtifact),
+            (raw_file(tmp_path, {}, b"", length=1 << 40), hrx.models.OversizedArtifact),
+            (raw_file(tmp_path, {}, b"", length=1000), hrx.models.TruncatedArtifact),
             (
                 raw_file(
                     tmp_path,
@@ -110,22 +113,24 @@ async def test_bad_files_are_refused_with_typed_errors(tmp_path: Path) -> None:
                     },
                     b"\0" * 6,
                 ),
-                hrx.OversizedArtifact,
+                hrx.models.OversizedArtifact,
             ),
         ]
         short = tmp_path / "short.safetensors"
         short.write_bytes(b"\1\0")
-        cases.append((short, hrx.TruncatedArtifact))
+        cases.append((short, hrx.models.TruncatedArtifact))
         cut = tmp_path / "cut.safetensors"
         cut.write_bytes(good.read_bytes()[:-3])
-        cases.append((cut, hrx.TruncatedArtifact))
+        cases.append((cut, hrx.models.TruncatedArtifact))
         for path, error in cases:
             with pytest.raises(error):
-                await hrx.load_safetensors(rt, residency, path.name, path)
+                await hrx.models.load_safetensors(rt, residency, path.name, path)
             assert isinstance(error("x"), hrx.ContractError)
-        with pytest.raises(hrx.MislabeledArtifact):
-            await hrx.load_safetensors(rt, residency, "k", good, expect={"w": ("f32", (4, 3))})
+        with pytest.raises(hrx.models.MislabeledArtifact):
+            await hrx.models.load_safetensors(
+                rt, residency, "k", good, expect={"w": ("f32", (4, 3))}
+            )
         with pytest.raises(hrx.BudgetExceeded):
-            await hrx.load_safetensors(rt, hrx.Residency(100), "k", good)
+            await hrx.models.load_safetensors(rt, hrx.models.Residency(100), "k", good)
         assert residency.stats().resources == 0 and rt.statistics().live_bytes == 0
         assert rt.statistics().allocations == 0

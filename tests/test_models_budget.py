@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hrx_async as hrx
+import hrx_async.models
 
 pytestmark = pytest.mark.anyio
 
@@ -23,14 +24,14 @@ pytestmark = pytest.mark.anyio
 class Unit:
     """A budgeted value: guards it charged, and the unit budget to charge more."""
 
-    def __init__(self, unit: hrx.UnitBudget) -> None:
+    def __init__(self, unit: hrx.models.UnitBudget) -> None:
         self.unit = unit
         self.guards: list[hrx.Reservation] = []
 
 
 async def test_allocations_and_loaders_share_a_ceiling_and_idle_eviction() -> None:
     """residency.rs::allocations_and_loaders_share_a_ceiling_and_idle_eviction"""
-    residency: hrx.Residency[Any] = hrx.Residency(100)
+    residency: hrx.models.Residency[Any] = hrx.models.Residency(100)
     budget = residency.budget
     held = budget.reserve(40)
     lease = await residency.load("model", 60, lambda: ("weights", 50))
@@ -56,10 +57,10 @@ async def test_allocations_and_loaders_share_a_ceiling_and_idle_eviction() -> No
 
 async def test_budgeted_units_grow_without_double_charging_and_evict_only_when_idle() -> None:
     """residency.rs::budgeted_units_grow_without_double_charging_and_evict_only_when_idle"""
-    residency: hrx.Residency[Unit] = hrx.Residency(100)
+    residency: hrx.models.Residency[Unit] = hrx.models.Residency(100)
     budget = residency.budget
 
-    def load(unit: hrx.UnitBudget) -> Unit:
+    def load(unit: hrx.models.UnitBudget) -> Unit:
         value = Unit(unit)
         value.guards.append(unit.reserve(40))
         return value
@@ -86,10 +87,10 @@ async def test_budgeted_units_grow_without_double_charging_and_evict_only_when_i
 async def test_budgeted_loader_failure_and_cancellation_release_and_allow_retry() -> None:
     """residency.rs::budgeted_loader_failure_and_panic_release_allocations_and_allow_retry
     (a Rust panic is a cancellation or any other exception here)."""
-    residency: hrx.Residency[Any] = hrx.Residency(64)
+    residency: hrx.models.Residency[Any] = hrx.models.Residency(64)
     budget = residency.budget
 
-    def failing(unit: hrx.UnitBudget) -> object:
+    def failing(unit: hrx.models.UnitBudget) -> object:
         unit.reserve(64)
         raise ValueError("weights corrupt")
 
@@ -97,7 +98,7 @@ async def test_budgeted_loader_failure_and_cancellation_release_and_allow_retry(
         await residency.load_budgeted("m", lambda v: True, failing)
     assert budget.reserved_bytes == 0 and residency.resources == 0
 
-    async def cancelled(unit: hrx.UnitBudget) -> object:
+    async def cancelled(unit: hrx.models.UnitBudget) -> object:
         unit.reserve(64)
         await anyio.sleep_forever()
 
@@ -118,7 +119,7 @@ async def test_budgeted_loader_failure_and_cancellation_release_and_allow_retry(
 
 async def test_budget_owners_do_not_cycle_and_survive_registry_teardown() -> None:
     """residency.rs::budget_owners_do_not_cycle_and_survive_registry_teardown"""
-    residency: hrx.Residency[Any] = hrx.Residency(64)
+    residency: hrx.models.Residency[Any] = hrx.models.Residency(64)
     budget = residency.budget
     held = budget.reserve(16)
     lease = await residency.load("owner", 32, lambda: ({"budget": budget}, 32))
@@ -138,7 +139,7 @@ async def test_budget_owners_do_not_cycle_and_survive_registry_teardown() -> Non
 async def test_runtime_allocations_charge_the_ceiling_and_evict_idle_values() -> None:
     """RuntimeOptions.memory_budget: an allocation evicts an idle budgeted model whose
     release is synchronous; an async release needs `reserve_wait`."""
-    residency: hrx.Residency[Any] = hrx.Residency(1000)
+    residency: hrx.models.Residency[Any] = hrx.models.Residency(1000)
     budget = residency.budget
     async with hrx.Runtime("sim", memory_budget=budget) as rt:
         assert rt.memory_budget is budget
@@ -164,7 +165,7 @@ async def test_runtime_allocations_charge_the_ceiling_and_evict_idle_values() ->
         for item in value:
             item.free()
 
-    slow: hrx.Residency[Any] = hrx.Residency(1000, release=release)
+    slow: hrx.models.Residency[Any] = hrx.models.Residency(1000, release=release)
     async with hrx.Runtime("sim", memory_budget=slow.budget) as rt:
         (
             await slow.load_budgeted(
@@ -186,7 +187,7 @@ async def test_runtime_allocations_charge_the_ceiling_and_evict_idle_values() ->
 
 async def test_shared_bytes_are_charged_once() -> None:
     """Re-adopting bytes already charged never charges twice."""
-    residency: hrx.Residency[Any] = hrx.Residency(1000)
+    residency: hrx.models.Residency[Any] = hrx.models.Residency(1000)
     async with hrx.Runtime("sim", memory_budget=residency.budget) as rt:
         buffer = rt.allocate(256, hrx.HOST_VISIBLE)
         async with buffer.map_write() as memory:
@@ -211,11 +212,11 @@ class CeilingMachine(RuleBasedStateMachine):
         super().__init__()
         self.portal_cm = start_blocking_portal(self.loop_backend)
         self.portal = self.portal_cm.__enter__()
-        self.residency: hrx.Residency[Any] = hrx.Residency(self.LIMIT)
+        self.residency: hrx.models.Residency[Any] = hrx.models.Residency(self.LIMIT)
         self.budget = self.residency.budget
         self.guards: list[hrx.Reservation] = []
         self.leases: list[Any] = []
-        self.pins: list[hrx.Pin] = []
+        self.pins: list[hrx.models.Pin] = []
         self.plain: dict[int, int] = {}  # key -> resident bytes of plain loads
         self.units: dict[int, Unit] = {}  # key -> budgeted value
 
@@ -275,7 +276,7 @@ class CeilingMachine(RuleBasedStateMachine):
         outcome=st.sampled_from(["ok", "fail", "cancel"]),
     )
     def load_budgeted(self, key: int, sizes: list[int], outcome: str) -> None:
-        async def loader(unit: hrx.UnitBudget) -> Unit:
+        async def loader(unit: hrx.models.UnitBudget) -> Unit:
             value = Unit(unit)
             for n in sizes:
                 value.guards.append(unit.reserve(n))

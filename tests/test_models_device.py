@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-from hrx_async import DeviceTensor, ModelContext, PreparedModel, SlotIO, TensorDesc
+from hrx_async.models import DeviceTensor, ModelContext, PreparedModel, SlotIO, TensorDesc
 
 pytestmark = pytest.mark.anyio
 U8_64 = TensorDesc("u8", (64,))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-from hrx_async import ModelContext, PreparedModel, SlotIO, TensorDesc
+from hrx_async.models import ModelContext, PreparedModel, SlotIO, TensorDesc
 
 pytestmark = pytest.mark.anyio
 N = 64

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
+import hrx_async.models
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +37,7 @@ async def test_blocking_jobs_run_on_worker_threads_and_coroutines_on_the_loop() 
         await anyio.sleep(0)
         return x + 1
 
-    async with hrx.Jobs(workers=2, capacity=4) as jobs:
+    async with hrx.models.Jobs(workers=2, capacity=4) as jobs:
         a = jobs.submit(blocking, 5)
         b = jobs.submit(coroutine, 5)
         assert await a == 10 and await b == 6
@@ -52,7 +53,7 @@ async def test_capacity_busy_and_errors() -> None:
         await gate.wait()
         return "ok"
 
-    async with hrx.Jobs(workers=1, capacity=2) as jobs:
+    async with hrx.models.Jobs(workers=1, capacity=2) as jobs:
         first = jobs.submit(wait_gate)
         second = jobs.submit(wait_gate)
         with pytest.raises(hrx.Busy):
@@ -78,10 +79,10 @@ async def test_capacity_busy_and_errors() -> None:
 async def test_bad_input() -> None:
     for workers, capacity in ((0, 1), (2, 1), (True, 2), (1.0, 2), (1, "2")):
         with pytest.raises(hrx.ContractError):
-            hrx.Jobs(workers, capacity)  # type: ignore[arg-type]
+            hrx.models.Jobs(workers, capacity)  # type: ignore[arg-type]
     with pytest.raises(hrx.RuntimeClosed):
-        hrx.Jobs(1, 1).submit(print)
-    async with hrx.Jobs(1, 1) as jobs:
+        hrx.models.Jobs(1, 1).submit(print)
+    async with hrx.models.Jobs(1, 1) as jobs:
         with pytest.raises(hrx.ContractError):
             jobs.submit(42)
         with pytest.raises(hrx.ContractError):
@@ -99,7 +100,7 @@ async def test_a_running_job_cancelled_reports_after_its_work_returns() -> None:
         returned.set()
         return "value"
 
-    async with hrx.Jobs(1, 2) as jobs:
+    async with hrx.models.Jobs(1, 2) as jobs:
         job = jobs.submit(work, callback=lambda j: seen.append((returned.is_set(), j.exception())))
         queued = jobs.submit(work)
         await anyio.sleep(0.01)
@@ -114,7 +115,7 @@ async def test_a_running_job_cancelled_reports_after_its_work_returns() -> None:
 
 async def test_a_cancelled_owner_skips_the_jobs_that_have_not_started() -> None:
     ran: list[int] = []
-    settled: list[hrx.Job] = []
+    settled: list[hrx.models.Job] = []
 
     async def work(i: int) -> int:
         ran.append(i)
@@ -124,7 +125,7 @@ async def test_a_cancelled_owner_skips_the_jobs_that_have_not_started() -> None:
         return i
 
     with anyio.fail_after(5), anyio.CancelScope() as owner:
-        async with hrx.Jobs(1, 21) as jobs:
+        async with hrx.models.Jobs(1, 21) as jobs:
             submitted = [jobs.submit(work, i, callback=settled.append) for i in range(20)]
             submitted.append(jobs.submit(work(20)))  # an awaitable, queued too
     assert owner.cancelled_caught
@@ -146,7 +147,7 @@ async def test_a_job_raising_a_base_exception_stops_the_jobs_and_reaches_the_own
         raise stop
 
     with anyio.fail_after(5), pytest.raises(Stop) as raised:
-        async with hrx.Jobs(1, 3) as jobs:
+        async with hrx.models.Jobs(1, 3) as jobs:
             first = jobs.submit(stopping, callback=lambda j: seen.append(j.exception()))
             queued = jobs.submit(time.sleep, 0)
             await anyio.sleep_forever()  # the block is cancelled, like a task group's
@@ -160,14 +161,14 @@ async def test_a_job_raising_a_base_exception_stops_the_jobs_and_reaches_the_own
 async def test_a_thread_job_raising_system_exit_reaches_only_the_owner(anyio_backend: str) -> None:
     script = textwrap.dedent(
         """
-        import sys, anyio, hrx_async as hrx
+        import sys, anyio, hrx_async as hrx, hrx_async.models
 
         def leave():
             raise SystemExit(3)
 
         async def main():
             try:
-                async with hrx.Jobs(1, 2) as jobs:
+                async with hrx.models.Jobs(1, 2) as jobs:
                     job = jobs.submit(leave)
                     await anyio.sleep_forever()
             except SystemExit as exc:
@@ -199,7 +200,7 @@ async def test_refused_and_skipped_coroutines_are_closed() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gate = anyio.Event()
-        async with hrx.Jobs(1, 2) as jobs:
+        async with hrx.models.Jobs(1, 2) as jobs:
             jobs.submit(gate.wait)
             assert refused(lambda: jobs.submit(work(1), 2))
             assert refused(lambda: jobs.submit(work(1), callback=7))  # type: ignore[arg-type]
@@ -211,7 +212,7 @@ async def test_refused_and_skipped_coroutines_are_closed() -> None:
         assert refused(lambda: jobs.submit(work(5)))
         assert refused(lambda: jobs.submit(work, 5))
         with anyio.CancelScope() as owner:
-            async with hrx.Jobs(1, 2) as jobs:
+            async with hrx.models.Jobs(1, 2) as jobs:
                 jobs.submit(anyio.sleep, 0.01)
                 jobs.submit(work(6))
                 owner.cancel()
@@ -234,7 +235,7 @@ async def test_callback_exactly_once_under_random_cancellation(
     calls: dict[int, int] = {}
     finished: set[int] = set()
 
-    def on_done(job: hrx.Job) -> None:
+    def on_done(job: hrx.models.Job) -> None:
         calls[job.ident] = calls.get(job.ident, 0) + 1
 
     def blocking(i: int, delay: int) -> int:
@@ -252,8 +253,8 @@ async def test_callback_exactly_once_under_random_cancellation(
         raise ValueError(i)
 
     kinds = {"thread": blocking, "coro": coro, "fail": fail}
-    submitted: list[tuple[hrx.Job, str, bool]] = []
-    async with hrx.Jobs(workers, max(workers, len(plan))) as jobs:
+    submitted: list[tuple[hrx.models.Job, str, bool]] = []
+    async with hrx.models.Jobs(workers, max(workers, len(plan))) as jobs:
         for i, (kind, delay, cancel) in enumerate(plan):
             submitted.append((jobs.submit(kinds[kind], i, delay, callback=on_done), kind, cancel))
         for job, _, cancel in submitted:

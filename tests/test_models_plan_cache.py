@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
+import hrx_async.models
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +25,7 @@ async def test_single_flight_under_a_thousand_callers() -> None:
         await anyio.sleep(0.01)
         return "plan"
 
-    cache: hrx.PlanCache[str] = hrx.PlanCache(2)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(2)
 
     async def caller() -> None:
         handles.append(await cache.get_or_prepare("k", loader))
@@ -51,7 +52,7 @@ async def test_a_failed_loader_reaches_every_waiter_and_leaves_no_entry() -> Non
         await anyio.sleep(0.01)
         raise OSError("no plan")
 
-    cache: hrx.PlanCache[str] = hrx.PlanCache(1)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(1)
     errors: list[BaseException] = []
 
     async def caller() -> None:
@@ -78,7 +79,7 @@ async def test_a_cancelled_loader_lets_a_waiter_load_again() -> None:
         await anyio.sleep(10)
         return "never"
 
-    cache: hrx.PlanCache[str] = hrx.PlanCache(1)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(1)
     result: list[str] = []
 
     async def waiter() -> None:
@@ -95,7 +96,7 @@ async def test_a_cancelled_loader_lets_a_waiter_load_again() -> None:
 
 
 async def test_a_loader_asking_for_its_own_key_is_refused_at_once() -> None:
-    cache: hrx.PlanCache[str] = hrx.PlanCache(2)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(2)
 
     async def itself() -> str:
         return (await cache.get_or_prepare("k", lambda: "inner", wait=True)).value
@@ -119,7 +120,7 @@ async def test_a_loader_asking_for_its_own_key_is_refused_at_once() -> None:
 
 @pytest.mark.parametrize("wait", [True, False])
 async def test_a_loader_asking_for_room_its_own_load_holds_is_refused(wait: bool) -> None:
-    cache: hrx.PlanCache[str] = hrx.PlanCache(1)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(1)
 
     async def other_key() -> str:
         return (await cache.get_or_prepare("inner", lambda: "inner", wait=wait)).value
@@ -127,7 +128,7 @@ async def test_a_loader_asking_for_room_its_own_load_holds_is_refused(wait: bool
     with anyio.fail_after(5), pytest.raises(hrx.ContractError, match="its own loads"):
         await cache.get_or_prepare("outer", other_key)
     assert len(cache) == 0
-    wide: hrx.PlanCache[str] = hrx.PlanCache(2)
+    wide: hrx.models.PlanCache[str] = hrx.models.PlanCache(2)
 
     async def fits() -> str:
         (await wide.get_or_prepare("inner", lambda: "inner", wait=wait)).release()
@@ -139,7 +140,7 @@ async def test_a_loader_asking_for_room_its_own_load_holds_is_refused(wait: bool
 
 async def test_eviction_is_lru_of_unheld_entries_then_busy() -> None:
     released: list[str] = []
-    cache: hrx.PlanCache[str] = hrx.PlanCache(2, release=released.append)
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(2, release=released.append)
     a = await cache.get_or_prepare("a", lambda: "A")
     b = await cache.get_or_prepare("b", lambda: "B")
     b.release()
@@ -177,7 +178,7 @@ async def test_busy_values_are_not_evicted() -> None:
         idle = False
 
     plan = Plan()
-    cache: hrx.PlanCache[Plan] = hrx.PlanCache(1)
+    cache: hrx.models.PlanCache[Plan] = hrx.models.PlanCache(1)
     (await cache.get_or_prepare("p", lambda: plan)).release()
     with pytest.raises(hrx.Busy):
         await cache.get_or_prepare("q", Plan)
@@ -190,12 +191,12 @@ async def test_busy_values_are_not_evicted() -> None:
 
 async def test_bad_input_is_refused() -> None:
     with pytest.raises(hrx.ContractError):
-        hrx.PlanCache(0)
+        hrx.models.PlanCache(0)
     with pytest.raises(hrx.ContractError):
-        hrx.PlanCache(True)
+        hrx.models.PlanCache(True)
     with pytest.raises(hrx.ContractError):
-        hrx.PlanCache(2, release=3)  # type: ignore[arg-type]
-    cache: hrx.PlanCache[str] = hrx.PlanCache(1)
+        hrx.models.PlanCache(2, release=3)  # type: ignore[arg-type]
+    cache: hrx.models.PlanCache[str] = hrx.models.PlanCache(1)
     with pytest.raises(hrx.ContractError):
         await cache.get_or_prepare([1], lambda: "x")
     with pytest.raises(hrx.ContractError):
@@ -226,7 +227,7 @@ async def test_bad_input_is_refused() -> None:
 async def test_against_a_model(capacity: int, ops: list[tuple[int, bool]]) -> None:
     """Random gets (kept held or released at once) against a plain LRU model."""
     released: list[int] = []
-    cache: hrx.PlanCache[int] = hrx.PlanCache(capacity, release=released.append)
+    cache: hrx.models.PlanCache[int] = hrx.models.PlanCache(capacity, release=released.append)
     model: list[int] = []  # LRU order, least recent first
     held: dict[int, list[Any]] = {}
     for key, keep in ops:

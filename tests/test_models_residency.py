@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hrx_async as hrx
+import hrx_async.models
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,7 @@ def buffer_loader(rt: hrx.Runtime, size: int, log: list[str] | None = None) -> A
 
 async def test_peak_shrinks_to_resident_and_eviction_frees_first() -> None:
     async with hrx.Runtime("sim") as rt:
-        residency: hrx.Residency[Any] = hrx.Residency(1000)
+        residency: hrx.models.Residency[Any] = hrx.models.Residency(1000)
         seen: list[int] = []
 
         async def load() -> tuple[hrx.Buffer, int]:
@@ -52,7 +53,7 @@ async def test_peak_shrinks_to_resident_and_eviction_frees_first() -> None:
             value.free()
             released_at.append((rt.statistics().live_bytes, residency2.reserved_bytes))
 
-        residency2: hrx.Residency[Any] = hrx.Residency(1000, release=release)
+        residency2: hrx.models.Residency[Any] = hrx.models.Residency(1000, release=release)
         (await residency2.load("a", 600, buffer_loader(rt, 600))).release()
         before = rt.statistics().live_bytes
         (await residency2.load("b", 600, buffer_loader(rt, 600))).release()
@@ -65,7 +66,7 @@ async def test_peak_shrinks_to_resident_and_eviction_frees_first() -> None:
 
 async def test_budget_errors_and_bad_input_change_nothing() -> None:
     async with hrx.Runtime("sim") as rt:
-        residency: hrx.Residency[Any] = hrx.Residency(100)
+        residency: hrx.models.Residency[Any] = hrx.models.Residency(100)
         with pytest.raises(hrx.BudgetExceeded):
             await residency.load("k", 101, buffer_loader(rt, 1))
         for peak in (0, -1, 1.5, True, "10"):
@@ -93,12 +94,12 @@ async def test_budget_errors_and_bad_input_change_nothing() -> None:
             await residency.evict("absent")
         for budget in (0, None, 2.0):
             with pytest.raises(hrx.ContractError):
-                hrx.Residency(budget)  # type: ignore[arg-type]
+                hrx.models.Residency(budget)  # type: ignore[arg-type]
 
 
 async def test_leases_pin_and_waiting_form_gets_space() -> None:
     async with hrx.Runtime("sim") as rt:
-        residency: hrx.Residency[Any] = hrx.Residency(100)
+        residency: hrx.models.Residency[Any] = hrx.models.Residency(100)
         a = await residency.load("a", 60, buffer_loader(rt, 60))
         b = residency.lease("a")
         a.release()
@@ -128,7 +129,7 @@ async def test_a_failing_release_leaves_its_value_resident_and_no_entry_evicting
         if value in failing:
             raise OSError(f"cannot release {value}")
 
-    residency: hrx.Residency[str] = hrx.Residency(15, release=release)
+    residency: hrx.models.Residency[str] = hrx.models.Residency(15, release=release)
     for key in ("a", "b", "c"):
         (await residency.load(key, 5, lambda k=key: (k, 5))).release()
     # "c" needs all 15 bytes: the three releases run, two of them fail
@@ -166,7 +167,7 @@ async def test_non_waiting_loads_are_busy_while_a_release_runs() -> None:
         releasing.set()
         await gate.wait()
 
-    residency: hrx.Residency[str] = hrx.Residency(10, release=release)
+    residency: hrx.models.Residency[str] = hrx.models.Residency(10, release=release)
     (await residency.load("a", 10, lambda: ("a", 10))).release()
     loaded: list[str] = []
     async with anyio.create_task_group() as tg:
@@ -194,7 +195,7 @@ async def test_non_waiting_loads_are_busy_while_a_release_runs() -> None:
 
 
 async def test_a_loader_asking_for_room_its_own_load_holds_is_refused() -> None:
-    residency: hrx.Residency[str] = hrx.Residency(10)
+    residency: hrx.models.Residency[str] = hrx.models.Residency(10)
 
     async def greedy() -> tuple[str, int]:
         with await residency.load("inner", 6, lambda: ("inner", 6), wait=True):
@@ -221,7 +222,7 @@ class ResidencyMachine(RuleBasedStateMachine):
         self.portal = self.portal_cm.__enter__()
         self.rt_cm = self.portal.wrap_async_context_manager(hrx.Runtime("sim"))
         self.rt = self.rt_cm.__enter__()
-        self.residency: hrx.Residency[Any] = hrx.Residency(1000)
+        self.residency: hrx.models.Residency[Any] = hrx.models.Residency(1000)
         self.leases: list[Any] = []
         self.sizes: dict[int, int] = {}
 

@@ -105,9 +105,12 @@ async def test_the_weights_file_is_checked_when_the_app_is_made(tmp_path: Path) 
     example = load_example()
     path = tmp_path / "weights.safetensors"
     import hrx_async as hrx
+    import hrx_async.models
 
-    hrx.write_safetensors(path, {"w1": np.zeros((48, 63), np.float32)})
-    with pytest.raises(hrx.MislabeledArtifact, match=r"missing tensors \['b1', 'b2', 'w2'\]"):
+    hrx.models.write_safetensors(path, {"w1": np.zeros((48, 63), np.float32)})
+    with pytest.raises(
+        hrx.models.MislabeledArtifact, match=r"missing tensors \['b1', 'b2', 'w2'\]"
+    ):
         example.create_app("sim", path)
 
 

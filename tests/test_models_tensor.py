@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hrx_async as hrx
-from hrx_async import DType, Layout, Tensor, TensorDesc
+import hrx_async.models
+from hrx_async.models import DType, Layout, Tensor, TensorDesc
 
 
 def test_the_rules() -> None:
@@ -125,8 +126,8 @@ def test_what_numpy_cannot_read_as_a_supported_dtype_is_refused(value: object) -
 
 def test_bf16_round_trip() -> None:
     values = np.array([1.0, -2.5, 3.140625, 65536.0, 0.15625], np.float32)
-    assert (hrx.f32_from_bf16(hrx.bf16_from_f32(values)) == values).all()
-    assert hrx.bf16_from_f32(np.float32(1.00390625)).item() == 0x3F80  # ties to even
+    assert (hrx.models.f32_from_bf16(hrx.models.bf16_from_f32(values)) == values).all()
+    assert hrx.models.bf16_from_f32(np.float32(1.00390625)).item() == 0x3F80  # ties to even
 
 
 @pytest.mark.anyio

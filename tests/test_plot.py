@@ -9,7 +9,7 @@ import pytest
 from hrx_async._core.lane import Lane
 from hrx_async._core.trace import ExecutionTrace, TraceEvent
 from hrx_async.errors import ContractError, Unsupported
-from hrx_async.plot import plot_timeline
+from hrx_async.tools.plot import plot_timeline
 
 
 def make_trace(failed: bool) -> ExecutionTrace:

@@ -468,7 +468,7 @@ def test_prometheus_text_lists_every_counter() -> None:
 
 def test_importing_the_package_does_not_import_web_frameworks() -> None:
     code = (
-        "import sys, hrx_async, hrx_async.serve, hrx_async.slots, hrx_async.blocking\n"
+        "import sys, hrx_async, hrx_async.serve, hrx_async.serve.slots, hrx_async.blocking\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('fastapi', 'starlette', 'uvicorn', 'httpx'))\n"
         "print(loaded)\n"

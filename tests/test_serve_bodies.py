@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 import hrx_async as hrx  # noqa: E402
+import hrx_async.models  # noqa: E402
 from hrx_async.serve import RequestRefused, load_json  # noqa: E402
 from hrx_async.serve.body import declared_length  # noqa: E402
 from tests.helpers import load_module  # noqa: E402
@@ -346,7 +347,7 @@ def test_generated_weights_are_written_checked_and_logged(
     path = tmp_path / "new" / "w.safetensors"
     assert example.prepare_weights(path, generate=True) == path
     assert f"weights: {path}" in caplog.text
-    header = hrx.read_safetensors_header(path)
+    header = hrx.models.read_safetensors_header(path)
     assert {name: str(e.desc) for name, e in header.entries.items()} == {
         "w1": "f32[48, 64]",
         "b1": "f32[64]",

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-from hrx_async.slots import Batcher, Slot, SlotPool
+from hrx_async.serve.slots import Batcher, Slot, SlotPool
 
 pytestmark = pytest.mark.anyio
 

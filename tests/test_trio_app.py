@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hrx_async as hrx
-from hrx_async.slots import SlotPool
+from hrx_async.serve.slots import SlotPool
 
 trio = pytest.importorskip("trio")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from .. import GPU_LOCAL, Runtime
 from .._core.lane import Lane
 from .._core.ops import Fill
-from ..benchmark import quiet_gc
+from ..tools.benchmark import quiet_gc
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 
 NAME = "graph_prepare"

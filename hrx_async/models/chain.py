@@ -32,7 +32,7 @@ from .._core.memory import HOST_VISIBLE, View
 from .._runtime.completion import Completion
 from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..slots import Slot
+from ..serve.slots import Slot
 from . import _check
 from .device import DeviceTensor
 from .tensor import Tensor

@@ -41,7 +41,7 @@ from .._runtime.completion import Completion
 from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
 from ..runtime import Runtime
-from ..slots import Slot, SlotPool
+from ..serve.slots import Slot, SlotPool
 from . import _check, chain
 from .chain import Inference, SlotLease
 from .device import DeviceTensor, producers, trailing_check

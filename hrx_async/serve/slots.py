@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ._runtime.completion import Completion
-from .errors import Busy, ContractError, RuntimeClosed
+from .._runtime.completion import Completion
+from ..errors import Busy, ContractError, RuntimeClosed
 
 if TYPE_CHECKING:
-    from ._runtime.prepared import PreparedGraph
-    from .runtime import Runtime
+    from .._runtime.prepared import PreparedGraph
+    from ..runtime import Runtime
 
 T = TypeVar("T")
 In = TypeVar("In")

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import __version__
-from .errors import ContractError, HrxError, Unsupported
-from .examples import NAMES, spec
-from .examples.common import (
+from .. import __version__
+from ..errors import ContractError, HrxError, Unsupported
+from ..examples import NAMES, spec
+from ..examples.common import (
     BACKENDS,
     EXIT_FAILURE,
     EXIT_OK,
@@ -74,7 +74,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    from .examples import gpu_npu_parallel
+    from ..examples import gpu_npu_parallel
     from .plot import check_picture_path
 
     try:
@@ -213,7 +213,7 @@ def doctor_command(args: argparse.Namespace) -> int:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from .examples.common import main_for
+    from ..examples.common import main_for
 
     # Global options may also follow NAME, among the program's own arguments.
     forwarded = [item for item in args.args if item not in ("-q", "--quiet")]
@@ -394,7 +394,7 @@ def build_parser() -> Parser:
     plot.add_argument("--title", help="picture title (default: the trace file's name)")
     plot.set_defaults(handler=trace_plot_command)
 
-    from .backends import kernel_cache
+    from ..backends import kernel_cache
 
     kernel_cache.register_cli(commands, compiler=_cuda_compiler)
     return parser
@@ -405,7 +405,7 @@ def _cuda_compiler(arch: str | None) -> tuple[Any, str]:
 
     Making the table opens no device, so `--arch` works on a machine without a GPU.
     """
-    from .backends import cuda
+    from ..backends import cuda
 
     return cuda.CudaTable(), arch or cuda.detect_target()
 

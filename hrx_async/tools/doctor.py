@@ -20,10 +20,10 @@ from typing import Any
 import anyio
 import numpy as np
 
-from . import __version__
-from ._build import build
-from .backends import GPU_BACKENDS, probe, resolve
-from .errors import BackendUnavailable, ContractError
+from .. import __version__
+from .._build import build
+from ..backends import GPU_BACKENDS, probe, resolve
+from ..errors import BackendUnavailable, ContractError
 
 PACKAGES = (
     ("numpy", "required"),
@@ -119,7 +119,7 @@ def info() -> dict[str, Any]:
 def npu_report() -> dict[str, Any]:
     """Which NPU `Runtime()` uses here (HRX_NPU, else xrt when it opens, else sim) and the
     xrt checks behind that choice. `error` is set when the choice cannot be honoured."""
-    from .backends import xrt
+    from ..backends import xrt
 
     forced = os.environ.get("HRX_NPU")
     mode = (forced or "auto").strip().lower() or "auto"
@@ -149,7 +149,7 @@ def npu_report() -> dict[str, Any]:
 
 async def self_test(backend: str) -> str | None:
     """Run upload → kernel → download and an NPU copy on `backend`; None if all is right."""
-    from . import (
+    from .. import (
         GPU_LOCAL,
         HOST_VISIBLE,
         Access,
@@ -159,7 +159,7 @@ async def self_test(backend: str) -> str | None:
         Runtime,
         npu_local,
     )
-    from .examples.kernels import AFFINE_CXX, affine_host, npu_copy
+    from ..examples.kernels import AFFINE_CXX, affine_host, npu_copy
 
     count = 1024
     size = count * 4

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import (
+from .. import (
     GPU_LOCAL,
     HOST_VISIBLE,
     Access,
@@ -43,8 +43,8 @@ from . import (
     KernelSource,
     Runtime,
 )
-from .errors import ContractError, HrxError
-from .files import file_kind
+from ..errors import ContractError, HrxError
+from ..files import file_kind
 
 SOURCE_SUFFIXES = (".cu", ".cuh", ".hip", ".cpp", ".cc", ".cxx")
 ACCESS = {"in": Access.READ, "inout": Access.READ_WRITE, "out": Access.WRITE}
