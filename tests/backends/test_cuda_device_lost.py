@@ -89,7 +89,7 @@ anyio.run(main)
 @pytest.mark.skipif(not _cuda_usable(), reason="no CUDA device answers here")
 def test_out_of_bounds_kernel_loses_the_device(tmp_path: Path) -> None:
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],

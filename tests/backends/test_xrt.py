@@ -26,7 +26,7 @@ from hrx_async.errors import (
     ExecutionError,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 import fake_pyxrt
 from fake_pyxrt import affine
 

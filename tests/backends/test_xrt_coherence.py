@@ -21,7 +21,7 @@ import pytest
 import hrx_async as hrx
 from hrx_async.backends import xrt as xrt_backend
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 import fake_pyxrt
 from fake_pyxrt import affine
 

@@ -29,12 +29,12 @@ import pytest
 
 import hrx_async.backends.xrt as xrt_backend
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 import fake_pyxrt
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "xrt"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "xrt"
 HAVE_REFERENCE = (REFERENCE / "pyxrt.cpp").is_file() and (REFERENCE / "pyxrt.pyi").is_file()
-SURFACE_FILE = Path(__file__).parent / "xrt_binding_surface.json"
+SURFACE_FILE = Path(__file__).parent.parent / "xrt_binding_surface.json"
 """The binding's surface (names, kinds, positional argument counts) as read from XRT's
 sources, committed so that the checks run where those sources are not at hand."""
 needs_reference = pytest.mark.skipif(
@@ -362,7 +362,7 @@ def _check(path: str, arity: int | None, where: str) -> str | None:
 
 @needs_reference
 def test_the_committed_surface_is_the_binding() -> None:
-    """Regenerate with `python tests/test_xrt_conformance.py` when XRT's sources change."""
+    """Regenerate with `python tests/backends/test_xrt_conformance.py` when XRT's sources change."""
     assert json.loads(SURFACE_FILE.read_text()) == dump_surface(reference_surface())
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import load_module
 
 pytestmark = pytest.mark.anyio
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "model_server.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "model_server.py"
 
 
 def load_example() -> ModuleType:

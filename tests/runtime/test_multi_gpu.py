@@ -3,7 +3,7 @@
 Each GPU has its own upload, compute and download lanes; `gpu_local(i)` is the memory of
 the runtime's GPU i; a copy between GPUs is a region of its own on the destination's
 upload lane; the byte-range tracker orders work across GPUs as within one. The
-correctness state machine (tests/test_stateful.py) also runs programs over two GPUs.
+correctness state machine (tests/runtime/test_stateful.py) also runs programs over two GPUs.
 """
 
 from __future__ import annotations

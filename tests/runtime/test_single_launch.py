@@ -29,8 +29,8 @@ from hrx_async._core.ops import Copy
 from hrx_async.backends import probe
 from hrx_async.errors import Cancelled, ContractError, ExecutionError, PoisonedError
 from tests.helpers import load_mix, load_npu_mix, mix_numpy
-from tests.test_equivalence import graphs, run_case
-from tests.test_ordering_rules import Log
+from tests.runtime.test_equivalence import graphs, run_case
+from tests.runtime.test_ordering_rules import Log
 
 pytestmark = pytest.mark.anyio
 

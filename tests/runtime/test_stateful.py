@@ -14,11 +14,11 @@ every buffer's poison flag. Hangs fail the example: every wait is bounded (gener
 that catch hangs, not speed), and the whole run happens in a thread the test gives up on
 after a bound.
 
-    pytest tests/test_stateful.py                      # sim (and cuda/hip where usable)
-    pytest -m slow tests/test_stateful.py              # the long run, 2000 examples per loop
-    HRX_STATEFUL_EXAMPLES=10000 pytest -m slow tests/test_stateful.py
-    HRX_TEST_BACKENDS=cuda pytest -m cuda tests/test_stateful.py            # an NVIDIA GPU
-    HRX_TEST_BACKENDS=cuda pytest -m "slow and cuda" tests/test_stateful.py # its long run
+    pytest tests/runtime/test_stateful.py              # sim (and cuda/hip where usable)
+    pytest -m slow tests/runtime/test_stateful.py      # the long run, 2000 examples per loop
+    HRX_STATEFUL_EXAMPLES=10000 pytest -m slow tests/runtime/test_stateful.py
+    HRX_TEST_BACKENDS=cuda pytest -m cuda tests/runtime/test_stateful.py            # an NVIDIA GPU
+    HRX_TEST_BACKENDS=cuda pytest -m "slow and cuda" tests/runtime/test_stateful.py # its long run
 
 HRX_STATEFUL_QUICK_EXAMPLES sets the examples of the short run (60 per loop);
 HRX_STATEFUL_SETTLE_S the bound on every wait (10 s; a lower one shrinks hangs faster).

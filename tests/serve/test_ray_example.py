@@ -21,7 +21,7 @@ from tests.helpers import free_port, load_module, require_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ray_service.py"
 
 

@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Using extra keyword arguments on `Field`"),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "service.py"
 APP_NAME = "hrx"
 DEPLOYMENT = "hrx"

@@ -41,7 +41,7 @@ from hrx_async.serve import (  # noqa: E402
 )
 from tests.helpers import load_module  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "service.py"
 
 pytestmark = pytest.mark.anyio

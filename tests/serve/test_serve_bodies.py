@@ -28,7 +28,7 @@ from hrx_async.serve.body import declared_length  # noqa: E402
 from tests.helpers import load_module  # noqa: E402
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_SERVER = ROOT / "examples" / "model_server.py"
 SERVICE = ROOT / "examples" / "service.py"
 CHUNK = 64 * 1024

@@ -4,7 +4,7 @@ The app factory and `ReplicaApp` (the ASGI app a replica builds for itself), dri
 through uvicorn's lifespan runner as Ray Serve drives them, and httpx for a request;
 `RuntimeReplica.check_health` against a real runtime, before, during and after its
 life and after a sticky device error; the error naming the `ray` extra when Ray is
-missing; and the example's command line. `tests/test_ray_serve.py` runs it all on Ray.
+missing; and the example's command line. `tests/serve/test_ray_serve.py` runs it all on Ray.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from hrx_async.serve.factory import (  # noqa: E402
 )
 from hrx_async.serve.ray import RuntimeReplica  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "service.py"
 RAY_EXAMPLE = ROOT / "examples" / "ray_service.py"
 SPEC = f"{EXAMPLE}:create_app"

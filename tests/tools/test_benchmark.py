@@ -225,7 +225,7 @@ async def test_stage_timer_skips_failed_stage_and_rejects_bad_names() -> None:
             pass
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])

@@ -21,7 +21,7 @@ from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hrx_async.tools import doctor
 from hrx_async.tools.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from hrx_async.examples.kernels import (
     f32_from_bf16,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOAT = r"(\d+(?:\.\d+)?)"
 
 

@@ -23,7 +23,7 @@ from hrx_async.examples import spec
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, main_for
 from hrx_async.examples.kernels import BatchedGemmBf16, GemmBf16, npu_copy
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 import fake_pyxrt
 
 KERNEL = "MLIR_AIE"
