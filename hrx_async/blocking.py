@@ -49,7 +49,7 @@ from ._core.contract import KernelContract
 from ._core.graph import Graph, GraphPlan
 from ._core.intervals import tracked_range
 from ._core.kernels import GpuKernel, KernelSource, NpuKernel
-from ._core.memory import Buffer, Placement, View
+from ._core.memory import GPU_LOCAL, Buffer, MemoryBudget, Placement, View
 from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace
 from ._runtime.completion import Completion
@@ -254,8 +254,23 @@ class BlockingRuntime:
     def backend_name(self) -> str:
         return self.call(lambda: self.runtime.backend_name)
 
-    def gpu(self) -> GpuDevice:
-        return self.call(self.runtime.gpu)
+    @property
+    def memory_budget(self) -> MemoryBudget | None:
+        return self.runtime.memory_budget
+
+    def gpu(self, number: int = 0) -> GpuDevice:
+        return self.call(self.runtime.gpu, number)
+
+    def gpus(self) -> tuple[GpuDevice, ...]:
+        return self.call(self.runtime.gpus)
+
+    def owns(self, view: View | Buffer) -> bool:
+        return self.runtime.owns(view)
+
+    def adopt_gpu_buffer(
+        self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""
+    ) -> Buffer:
+        return self.call(self.runtime.adopt_gpu_buffer, obj, placement, label)
 
     def npu(self, index: int = 0) -> _BlockingNpu:
         return _BlockingNpu(self, self.call(self.runtime.npu, index))
