@@ -14,6 +14,7 @@ import importlib.util
 from typing import Any
 
 COMPILED: tuple[str, ...] = (
+    "hrx_async._core.intervals",
     "hrx_async._core.tracker",
     "hrx_async._core.segments",
     "hrx_async._runtime.completion",
@@ -31,7 +32,7 @@ mypy --strict and the whole test suite compiled; none may be an entry point user
 unchecked arguments (compiled code raises TypeError for an argument of the wrong type, the
 public API ContractError).
 
-Left out: lanes/notify.py (a test replaces LoopNotifier.post on an instance, which a
+Left out: _runtime/notify.py (a test replaces LoopNotifier.post on an instance, which a
 compiled class forbids), and everything users call directly."""
 
 
