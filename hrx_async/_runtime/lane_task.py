@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
 from .._core.lane import Lane
 from .region import RegionRun
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+
+class Issuer(Protocol):
+    """What a lane's task needs of the scheduler that starts it (`Scheduler.issue`)."""
+
+    async def issue(self, run: RegionRun) -> None: ...
 
 
 class LaneRunner:
     """One lane's task: issues its regions in FIFO order."""
 
-    def __init__(self, scheduler: Scheduler, key: tuple[Lane, int]) -> None:
+    def __init__(self, scheduler: Issuer, key: tuple[Lane, int]) -> None:
         self.scheduler = scheduler
         self.key = key
         self.items: collections.deque[RegionRun] = collections.deque()
