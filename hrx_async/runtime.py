@@ -427,4 +427,4 @@ def _device_list(devices: Iterable[int], device: int) -> tuple[int, ...]:
     return listed
 
 
-__all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]
+__all__ = ["GpuDevice", "NpuDevice", "Runtime"]
