@@ -35,7 +35,7 @@ C_DIR = Path("build") / "mypyc"
 # One shared library holds the compiled code of every listed module (each module itself is a
 # small shim importing it). Named inside the package, it is installed inside the package,
 # not at the top of site-packages.
-GROUP = "hrx_async._core"
+GROUP = "hrx_async._compiled"
 
 
 def compiled_modules() -> list[str]:

@@ -16,6 +16,6 @@ PYTHON="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT" || exit 1
 HRX_TEST_BACKENDS=sim,cuda timeout "${TEST_TIMEOUT_S:-130}" "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_tensor_ops.py tests/test_image_rgb.py 2>&1 | tee "$OUT_DIR/align_cuda_tests.log"
+    tests/tensor/test_tensor_ops.py tests/image/test_image_rgb.py 2>&1 | tee "$OUT_DIR/align_cuda_tests.log"
 timeout "${BENCH_TIMEOUT_S:-90}" "$PYTHON" -m hrx_async bench align --backend cuda --json 200 16 \
     | tee "$OUT_DIR/align_cuda.json"

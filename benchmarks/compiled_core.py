@@ -40,7 +40,7 @@ def tracker_rows(pending: int, steps: int) -> dict[str, float]:
     workloads of `tracker_readers.py`."""
     from tracker_readers import replay, steady
 
-    from hrx_async import tracker
+    from hrx_async._core import tracker
 
     patterns: dict[str, Callable[[int], tuple[int, int, bool]]] = {
         "readers": lambda k: (0, 16, False),

@@ -18,7 +18,7 @@ from typing import Any
 from cuda_common import Direct, configure, parser, run
 
 import hrx_async as hrx
-from hrx_async import completion as completion_module
+from hrx_async._runtime import completion as completion_module
 from hrx_async.backends import _stream
 
 STAMPS: dict[str, float] = {}

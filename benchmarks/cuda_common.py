@@ -21,7 +21,7 @@ import anyio
 import numpy as np
 
 import hrx_async as hrx
-from hrx_async.benchmark import Distribution
+from hrx_async.tools.benchmark import Distribution
 
 MIX_CXX = r"""
 extern "C" __global__ void mix(const unsigned char* src, unsigned char* dst, unsigned int n) {

@@ -46,7 +46,7 @@ import numpy as np
 from cuda_common import Direct, check, configure, parser, run
 
 import hrx_async as hrx
-from hrx_async.benchmark import LoopLag, percentile
+from hrx_async.tools.benchmark import LoopLag, percentile
 
 Body = Callable[[], Awaitable[Any]]
 Task = Callable[[], Coroutine[Any, Any, None]]

@@ -16,7 +16,7 @@ import anyio
 from cuda_common import Direct, check, configure, parser, run, summary
 
 import hrx_async as hrx
-from hrx_async.benchmark import paired
+from hrx_async.tools.benchmark import paired
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from cuda_common import Direct, configure, parser, run, summary
 
 import hrx_async as hrx
-from hrx_async.benchmark import paired
+from hrx_async.tools.benchmark import paired
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,8 +18,8 @@ import anyio
 from cuda_common import Direct, configure, parser, run
 
 import hrx_async as hrx
-import hrx_async.lanes.watch as watch_module
-from hrx_async.benchmark import LoopLag
+import hrx_async._runtime.watch as watch_module
+from hrx_async.tools.benchmark import LoopLag
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

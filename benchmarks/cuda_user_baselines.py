@@ -29,7 +29,7 @@ from typing import Any
 from cuda_common import configure, parser, run, summary
 
 import hrx_async as hrx
-from hrx_async.benchmark import PairedResult, paired
+from hrx_async.tools.benchmark import PairedResult, paired
 
 Variant = tuple[Callable[[], Awaitable[None]], Callable[[], bool], str, str]
 """(one fill awaited, a check of the result, how it waits, the library's version)"""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import anyio
 
 import hrx_async as hrx
-from hrx_async.memory import Buffer, View
+from hrx_async._core.memory import Buffer, View
 
 NODE_COUNTS = (128, 512, 1024, 2048)
 VIEWS = 2048

@@ -32,6 +32,7 @@ import anyio
 import numpy as np
 
 import hrx_async as hrx
+import hrx_async.models
 from hrx_async.image import ImageOps
 
 H, W, SIZE, PATCH = 480, 640, 224, 16
@@ -71,15 +72,17 @@ def opencv_pipeline() -> Callable[[Array], Array]:
 
 
 async def hrx_pipeline(rt: hrx.Runtime) -> Callable[[Array], Awaitable[Array]]:
-    ctx = hrx.ModelContext(rt)
+    ctx = hrx.models.ModelContext(rt)
     ops = ImageOps(rt)
     t = ctx.tensor
-    raw = t(hrx.TensorDesc("u8", (1, H, W, 3), layout="nhwc"), hrx.GPU_LOCAL, "raw")
-    turned = t(hrx.TensorDesc("u8", (1, H, W, 3), layout="nhwc"), hrx.GPU_LOCAL, "turned")
-    small = t(hrx.TensorDesc("u8", (1, SIZE, SIZE, 3), layout="nhwc"), hrx.GPU_LOCAL, "small")
-    x = t(hrx.TensorDesc("f32", (1, 3, SIZE, SIZE), layout="nchw"), hrx.GPU_LOCAL, "x")
+    raw = t(hrx.models.TensorDesc("u8", (1, H, W, 3), layout="nhwc"), hrx.GPU_LOCAL, "raw")
+    turned = t(hrx.models.TensorDesc("u8", (1, H, W, 3), layout="nhwc"), hrx.GPU_LOCAL, "turned")
+    small = t(
+        hrx.models.TensorDesc("u8", (1, SIZE, SIZE, 3), layout="nhwc"), hrx.GPU_LOCAL, "small"
+    )
+    x = t(hrx.models.TensorDesc("f32", (1, 3, SIZE, SIZE), layout="nchw"), hrx.GPU_LOCAL, "x")
     cells = (SIZE // PATCH) ** 2
-    patches = t(hrx.TensorDesc("f32", (cells, 3 * PATCH * PATCH)), hrx.GPU_LOCAL, "patches")
+    patches = t(hrx.models.TensorDesc("f32", (cells, 3 * PATCH * PATCH)), hrx.GPU_LOCAL, "patches")
     up = rt.allocate(raw.nbytes, hrx.HOST_VISIBLE, "up")
     down = rt.allocate(patches.nbytes, hrx.HOST_VISIBLE, "down")
     g = rt.graph("image-pipeline")

@@ -110,7 +110,7 @@ def add_lag_meter(app: Any) -> None:
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-    from hrx_async.benchmark import LoopLag, percentile
+    from hrx_async.tools.benchmark import LoopLag, percentile
 
     inner: Callable[[Any], AbstractAsyncContextManager[Any]] = app.router.lifespan_context
     state: dict[str, Any] = {}

@@ -26,7 +26,7 @@ import anyio
 import numpy as np
 
 import hrx_async as hrx
-from hrx_async.benchmark import LoopLag, paired
+from hrx_async.tools.benchmark import LoopLag, paired
 
 
 def _bump(arrays: list[np.ndarray[Any, Any]], constants: bytes) -> None:

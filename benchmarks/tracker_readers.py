@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hrx_async import tracker as current
+from hrx_async._core import tracker as current
 
 BASELINE = "01b88050bd55b59ccda7ece6f04a7a1028008e9d"
 

@@ -69,6 +69,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
+import hrx_async.models
 from hrx_async.image import ImageOps
 from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
 
@@ -125,7 +126,7 @@ def make_weights() -> dict[str, np.ndarray[Any, Any]]:
 def write_weights(path: Path) -> None:
     """Write the deterministic weights to `path` (whole or not at all)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    hrx.write_safetensors(path, make_weights(), metadata={"model": "patch-mlp"})
+    hrx.models.write_safetensors(path, make_weights(), metadata={"model": "patch-mlp"})
 
 
 def reference(images: np.ndarray[Any, Any], weights: dict[str, Any]) -> np.ndarray[Any, Any]:
@@ -169,9 +170,9 @@ class Plan:
 
     def __init__(
         self,
-        model: hrx.PreparedModel,
-        lease: hrx.Lease[hrx.Weights],
-        post: hrx.PreparedModel | None = None,
+        model: hrx.models.PreparedModel,
+        lease: hrx.models.Lease[hrx.models.Weights],
+        post: hrx.models.PreparedModel | None = None,
     ) -> None:
         self.model = model
         self.lease = lease
@@ -247,14 +248,18 @@ def load_head(rt: hrx.Runtime, batch: int) -> Head:
 
 
 def record_head(
-    ctx: hrx.ModelContext, g: hrx.Graph, head: Head, weights: hrx.Weights, patches: hrx.Tensor
-) -> hrx.Tensor:
+    ctx: hrx.models.ModelContext,
+    g: hrx.Graph,
+    head: Head,
+    weights: hrx.models.Weights,
+    patches: hrx.models.Tensor,
+) -> hrx.models.Tensor:
     """Record patches [B*16, 48] -> logits [B, 10] into `g`; the logits tensor."""
     batch, npu_memory, t = patches.shape[0] // CELLS, hrx.shared(0), ctx.tensor
-    h = t(hrx.TensorDesc("f32", (batch * CELLS, D)), npu_memory, "h")
-    pooled = t(hrx.TensorDesc("f32", (batch, D)), npu_memory, "pooled")
-    raw = t(hrx.TensorDesc("f32", (batch, CLASSES)), npu_memory, "raw")
-    logits = t(hrx.TensorDesc("f32", (batch, CLASSES)), hrx.GPU_LOCAL, "logits")
+    h = t(hrx.models.TensorDesc("f32", (batch * CELLS, D)), npu_memory, "h")
+    pooled = t(hrx.models.TensorDesc("f32", (batch, D)), npu_memory, "pooled")
+    raw = t(hrx.models.TensorDesc("f32", (batch, CLASSES)), npu_memory, "raw")
+    logits = t(hrx.models.TensorDesc("f32", (batch, CLASSES)), hrx.GPU_LOCAL, "logits")
     g.npu(head.mm1, [patches.view, weights["w1"].view, h.view])
     g.gpu(head.pool, [h.view, weights["b1"].view, pooled.view])
     g.npu(head.mm2, [pooled.view, weights["w2"].view, raw.view])
@@ -262,12 +267,14 @@ def record_head(
     return logits
 
 
-def patches_tensor(ctx: hrx.ModelContext, batch: int) -> hrx.Tensor:
-    desc = hrx.TensorDesc("f32", (batch * CELLS, K), layout="rows")
+def patches_tensor(ctx: hrx.models.ModelContext, batch: int) -> hrx.models.Tensor:
+    desc = hrx.models.TensorDesc("f32", (batch * CELLS, K), layout="rows")
     return ctx.tensor(desc, hrx.shared(0), "patches")
 
 
-def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) -> hrx.PreparedModel:
+def build_plan(
+    rt: hrx.Runtime, weights: hrx.models.Weights, batch: int, slots: int
+) -> hrx.models.PreparedModel:
     rows, n_in = batch * CELLS, batch * C * H * W
     k_patch = gpu_kernel(
         rt,
@@ -281,37 +288,45 @@ def build_plan(rt: hrx.Runtime, weights: hrx.Weights, batch: int, slots: int) ->
     )
     head = load_head(rt, batch)
 
-    def factory(ctx: hrx.ModelContext, index: int) -> hrx.SlotIO:
-        x = ctx.tensor(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
+    def factory(ctx: hrx.models.ModelContext, index: int) -> hrx.models.SlotIO:
+        x = ctx.tensor(
+            hrx.models.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x"
+        )
         patches = patches_tensor(ctx, batch)
         g = rt.graph(f"classifier-b{batch}")
         g.gpu(k_patch, [x.view, patches.view])
         logits = record_head(ctx, g, head, weights, patches)
-        return hrx.SlotIO({"x": x}, {"logits": logits}, g.prepare())
+        return hrx.models.SlotIO({"x": x}, {"logits": logits}, g.prepare())
 
-    return hrx.PreparedModel(hrx.ModelContext(rt), slots, factory, f"classifier-b{batch}")
+    return hrx.models.PreparedModel(
+        hrx.models.ModelContext(rt), slots, factory, f"classifier-b{batch}"
+    )
 
 
 async def build_image_plan(
     rt: hrx.Runtime, ops: ImageOps, shape: tuple[int, int, int], slots: int
-) -> hrx.PreparedModel:
+) -> hrx.models.PreparedModel:
     """Device preprocessing of u8 [batch, height, width, 3] pictures into the classifier's
     f32 input x; every slot is recorded here (image operations are awaited for plans)."""
     batch, height, width = shape
-    ctx, label = hrx.ModelContext(rt), f"preprocess-b{batch}-{height}x{width}"
-    slot_ios: list[hrx.SlotIO] = []
+    ctx, label = hrx.models.ModelContext(rt), f"preprocess-b{batch}-{height}x{width}"
+    slot_ios: list[hrx.models.SlotIO] = []
     for _ in range(slots):
         t = ctx.tensor
         raw = t(
-            hrx.TensorDesc("u8", (batch, height, width, C), layout="nhwc"), hrx.GPU_LOCAL, "image"
+            hrx.models.TensorDesc("u8", (batch, height, width, C), layout="nhwc"),
+            hrx.GPU_LOCAL,
+            "image",
         )
-        small = t(hrx.TensorDesc("u8", (batch, H, W, C), layout="nhwc"), hrx.GPU_LOCAL, "small")
-        x = t(hrx.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
+        small = t(
+            hrx.models.TensorDesc("u8", (batch, H, W, C), layout="nhwc"), hrx.GPU_LOCAL, "small"
+        )
+        x = t(hrx.models.TensorDesc("f32", (batch, C, H, W), layout="nchw"), hrx.GPU_LOCAL, "x")
         g = rt.graph(label)
         await ops.resize(g, raw, small, "bilinear")
         await ops.normalize(g, small, x, MEAN, STD)
-        slot_ios.append(hrx.SlotIO({"image": raw}, {"x": x}, g.prepare()))
-    return hrx.PreparedModel(ctx, slots, lambda _ctx, i: slot_ios[i], label, eager=True)
+        slot_ios.append(hrx.models.SlotIO({"image": raw}, {"x": x}, g.prepare()))
+    return hrx.models.PreparedModel(ctx, slots, lambda _ctx, i: slot_ios[i], label, eager=True)
 
 
 def decode(body: bytes, kind: str) -> np.ndarray[Any, Any]:
@@ -387,18 +402,20 @@ class ModelServer:
         self.rt = rt
         self.weights_path = weights_path
         self.slots = slots
-        self.residency: hrx.Residency[hrx.Weights] = hrx.Residency(1 << 20, label="weights")
-        self.plans: hrx.PlanCache[Plan] = hrx.PlanCache(
+        self.residency: hrx.models.Residency[hrx.models.Weights] = hrx.models.Residency(
+            1 << 20, label="weights"
+        )
+        self.plans: hrx.models.PlanCache[Plan] = hrx.models.PlanCache(
             len(BATCHES), release=Plan.close, label="plans"
         )
-        self.image_plans: hrx.PlanCache[Plan] = hrx.PlanCache(
+        self.image_plans: hrx.models.PlanCache[Plan] = hrx.models.PlanCache(
             IMAGE_PLANS, release=Plan.close, label="image plans"
         )
         self.ops = ImageOps(rt, capacity=32)
-        self.jobs: hrx.Jobs | None = None
+        self.jobs: hrx.models.Jobs | None = None
 
-    async def lease_weights(self) -> hrx.Lease[hrx.Weights]:
-        return await hrx.load_safetensors(
+    async def lease_weights(self) -> hrx.models.Lease[hrx.models.Weights]:
+        return await hrx.models.load_safetensors(
             self.rt,
             self.residency,
             WEIGHTS_KEY,
@@ -439,7 +456,7 @@ class ModelServer:
             run = await plan.model.submit_host_with(lambda i, m: m.__setitem__(slice(None), raw))
             return await self.postprocess(plan, run, n)
 
-    async def postprocess(self, plan: Plan, run: hrx.Inference, n: int) -> tuple[Any, Any]:
+    async def postprocess(self, plan: Plan, run: hrx.models.Inference, n: int) -> tuple[Any, Any]:
         """Labels taken on the device from `run`'s logits; both read back once, at the end."""
         assert plan.post is not None
         labels = await plan.post.submit(run.outputs)
@@ -495,12 +512,12 @@ def default_weights_path() -> Path:
 
 def prepare_weights(weights: Path | None, generate: bool = False) -> Path:
     """The checked weights file (`weights` or the default), written first if `generate` is
-    set and it is missing; `hrx.ArtifactError` when it cannot be used ("no such file")."""
+    set and it is missing; `hrx.models.ArtifactError` when it cannot be used ("no such file")."""
     path = weights if weights is not None else default_weights_path()
     if generate and not path.exists():
         logger.info("writing the generated weights to %s", path)
         write_weights(path)
-    hrx.read_safetensors_header(path, expect=EXPECT)  # this model's tensors, or why not
+    hrx.models.read_safetensors_header(path, expect=EXPECT)  # this model's tensors, or why not
     logger.info("weights: %s", path)
     return path
 
@@ -537,7 +554,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with service.lifespan(app):
             server = service.resources
-            async with hrx.Jobs(workers=2, capacity=256, label="decode") as jobs:
+            async with hrx.models.Jobs(workers=2, capacity=256, label="decode") as jobs:
                 server.jobs = jobs
                 try:
                     yield
@@ -592,8 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from hrx_async.backends import resolve
-    from hrx_async.cli import Parser
     from hrx_async.examples.common import BACKENDS, EXIT_FAILURE, EXIT_OK
+    from hrx_async.tools.cli import Parser
 
     parser = Parser(prog="model_server.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")

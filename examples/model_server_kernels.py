@@ -132,7 +132,9 @@ def argmax_host(classes: int) -> Any:
     return kernel
 
 
-def build_postprocess(rt: hrx.Runtime, batch: int, classes: int, slots: int) -> hrx.PreparedModel:
+def build_postprocess(
+    rt: hrx.Runtime, batch: int, classes: int, slots: int
+) -> hrx.models.PreparedModel:
     """A prepared model: input "logits" f32 [batch, classes] (device memory, filled by a
     chained `submit`), output "labels" i32 [batch] in host-visible memory."""
     contract = hrx.KernelContract(
@@ -150,11 +152,11 @@ def build_postprocess(rt: hrx.Runtime, batch: int, classes: int, slots: int) -> 
         defines={"BATCH": batch, "CLASSES": classes},
     )
 
-    def factory(ctx: hrx.ModelContext, index: int) -> hrx.SlotIO:
-        logits = ctx.tensor(hrx.TensorDesc("f32", (batch, classes)), hrx.GPU_LOCAL, "logits")
-        labels = ctx.tensor(hrx.TensorDesc("i32", (batch,)), hrx.HOST_VISIBLE, "labels")
+    def factory(ctx: hrx.models.ModelContext, index: int) -> hrx.models.SlotIO:
+        logits = ctx.tensor(hrx.models.TensorDesc("f32", (batch, classes)), hrx.GPU_LOCAL, "logits")
+        labels = ctx.tensor(hrx.models.TensorDesc("i32", (batch,)), hrx.HOST_VISIBLE, "labels")
         g = rt.graph(f"argmax-b{batch}")
         g.gpu(kernel, [logits.view, labels.view])
-        return hrx.SlotIO({"logits": logits}, {"labels": labels}, g.prepare())
+        return hrx.models.SlotIO({"logits": logits}, {"labels": labels}, g.prepare())
 
-    return hrx.PreparedModel(hrx.ModelContext(rt), slots, factory, f"argmax-b{batch}")
+    return hrx.models.PreparedModel(hrx.models.ModelContext(rt), slots, factory, f"argmax-b{batch}")

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import FrameType
 
 import hrx_async as hrx
-from hrx_async.cli import Parser
 from hrx_async.examples.common import BACKENDS, EXIT_FAILURE, EXIT_OK
+from hrx_async.tools.cli import Parser
 
 HERE = Path(__file__).resolve().parent
 APPS = {

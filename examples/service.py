@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse
 
 import hrx_async as hrx
 from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
-from hrx_async.slots import Batcher, Slot, SlotPool
+from hrx_async.serve.slots import Batcher, Slot, SlotPool
 
 SCALE = 2.0
 SHIFT = 1.0
@@ -386,8 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from hrx_async.backends import resolve
-    from hrx_async.cli import Parser
     from hrx_async.examples.common import BACKENDS, EXIT_FAILURE, EXIT_OK
+    from hrx_async.tools.cli import Parser
 
     parser = Parser(prog="service.py", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")

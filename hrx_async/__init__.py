@@ -6,10 +6,28 @@ host functions over declared accesses, prepare them once and replay them with
 range by byte range, within and across submissions.
 """
 
+from ._core.budget import Reservation
+from ._core.contract import Access, Binding, Constants, KernelContract
+from ._core.graph import Graph
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.lane import Lane
+from ._core.memory import (
+    GPU_LOCAL,
+    HOST_VISIBLE,
+    Buffer,
+    HostMapping,
+    MemoryBudget,
+    Placement,
+    View,
+    gpu_local,
+    npu_local,
+    shared,
+)
+from ._core.stats import Statistics
+from ._core.trace import ExecutionTrace, TraceEvent
+from ._runtime.completion import Completion, CompletionProfile
+from ._runtime.prepared import PreparedGraph
 from .blocking import BlockingPreparedGraph, BlockingRuntime
-from .budget import Reservation
-from .completion import Completion, CompletionProfile
-from .contract import Access, Binding, Constants, KernelContract
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -26,67 +44,7 @@ from .errors import (
     RuntimeClosed,
     Unsupported,
 )
-from .graph import Graph
-from .image import ImageOps, ImageStats
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .lanes.lane import Lane
-from .memory import (
-    GPU_LOCAL,
-    HOST_VISIBLE,
-    Buffer,
-    HostMapping,
-    MemoryBudget,
-    Placement,
-    View,
-    gpu_local,
-    npu_local,
-    shared,
-)
-from .models import (
-    ArtifactError,
-    DeviceTensor,
-    DType,
-    Inference,
-    Job,
-    Jobs,
-    JobState,
-    Layout,
-    Lease,
-    LeasedView,
-    MislabeledArtifact,
-    ModelContext,
-    ModelDefinition,
-    ModelFragment,
-    ModelSession,
-    ModelSlot,
-    OversizedArtifact,
-    Pin,
-    PlanCache,
-    PlanCacheStats,
-    PlanHandle,
-    PreparedModel,
-    Region,
-    Residency,
-    ResidencyStats,
-    SlotIO,
-    SlotLease,
-    Tensor,
-    TensorDesc,
-    TruncatedArtifact,
-    UnitBudget,
-    Weights,
-    bf16_from_f32,
-    f32_from_bf16,
-    load_safetensors,
-    read_safetensors_header,
-    write_safetensors,
-)
-from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
-from .serve import RuntimeService
-from .slots import Batcher, Slot, SlotPool
-from .stats import Statistics
-from .trace import ExecutionTrace, TraceEvent
 
 __version__ = "0.1.0"
 
@@ -94,10 +52,8 @@ __all__ = [
     "GPU_LOCAL",
     "HOST_VISIBLE",
     "Access",
-    "ArtifactError",
     "BackendError",
     "BackendUnavailable",
-    "Batcher",
     "Binding",
     "BlockingPreparedGraph",
     "BlockingRuntime",
@@ -110,10 +66,8 @@ __all__ = [
     "CompletionProfile",
     "Constants",
     "ContractError",
-    "DType",
     "DependencyFailed",
     "DeviceLost",
-    "DeviceTensor",
     "ExecutionError",
     "ExecutionTrace",
     "GpuDevice",
@@ -121,63 +75,24 @@ __all__ = [
     "Graph",
     "HostMapping",
     "HrxError",
-    "ImageOps",
-    "ImageStats",
-    "Inference",
-    "Job",
-    "JobState",
-    "Jobs",
     "KernelContract",
     "KernelSource",
     "Lane",
-    "Layout",
-    "Lease",
-    "LeasedView",
     "MemoryBudget",
-    "MislabeledArtifact",
-    "ModelContext",
-    "ModelDefinition",
-    "ModelFragment",
-    "ModelSession",
-    "ModelSlot",
     "NpuDevice",
     "NpuKernel",
-    "OversizedArtifact",
-    "Pin",
     "Placement",
-    "PlanCache",
-    "PlanCacheStats",
-    "PlanHandle",
     "PoisonedError",
     "PreparedGraph",
-    "PreparedModel",
-    "Region",
     "Reservation",
-    "Residency",
-    "ResidencyStats",
     "Runtime",
     "RuntimeClosed",
-    "RuntimeService",
-    "Slot",
-    "SlotIO",
-    "SlotLease",
-    "SlotPool",
     "Statistics",
-    "Tensor",
-    "TensorDesc",
     "TraceEvent",
-    "TruncatedArtifact",
-    "UnitBudget",
     "Unsupported",
     "View",
-    "Weights",
     "__version__",
-    "bf16_from_f32",
-    "f32_from_bf16",
     "gpu_local",
-    "load_safetensors",
     "npu_local",
-    "read_safetensors_header",
     "shared",
-    "write_safetensors",
 ]

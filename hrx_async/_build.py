@@ -14,14 +14,15 @@ import importlib.util
 from typing import Any
 
 COMPILED: tuple[str, ...] = (
-    "hrx_async.tracker",
-    "hrx_async.segments",
-    "hrx_async.completion",
-    "hrx_async.lanes.poison",
-    "hrx_async.lanes.region",
-    "hrx_async.lanes.outcomes",
-    "hrx_async.lanes.scheduler",
-    "hrx_async.lanes.watch",
+    "hrx_async._core.intervals",
+    "hrx_async._core.tracker",
+    "hrx_async._core.segments",
+    "hrx_async._runtime.completion",
+    "hrx_async._runtime.poison",
+    "hrx_async._runtime.region",
+    "hrx_async._runtime.outcomes",
+    "hrx_async._runtime.scheduler",
+    "hrx_async._runtime.watch",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream",
 )
@@ -31,7 +32,7 @@ mypy --strict and the whole test suite compiled; none may be an entry point user
 unchecked arguments (compiled code raises TypeError for an argument of the wrong type, the
 public API ContractError).
 
-Left out: lanes/notify.py (a test replaces LoopNotifier.post on an instance, which a
+Left out: _runtime/notify.py (a test replaces LoopNotifier.post on an instance, which a
 compiled class forbids), and everything users call directly."""
 
 

@@ -45,17 +45,18 @@ from typing import Any, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from ._core.contract import KernelContract
+from ._core.graph import Graph, GraphPlan
+from ._core.intervals import tracked_range
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.memory import GPU_LOCAL, Buffer, MemoryBudget, Placement, View
+from ._core.stats import Statistics
+from ._core.trace import ExecutionTrace
+from ._runtime.completion import Completion
+from ._runtime.prepared import PreparedGraph
 from .backends.worker import worker_origin
-from .completion import Completion
-from .contract import KernelContract
 from .errors import Busy, ContractError, RuntimeClosed
-from .graph import Graph, GraphPlan, tracked_range
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .memory import Buffer, Placement, View
-from .prepared import PreparedGraph
 from .runtime import GpuDevice, NpuDevice, Runtime
-from .stats import Statistics
-from .trace import ExecutionTrace
 
 R = TypeVar("R")
 
@@ -76,7 +77,9 @@ class BlockingPreparedGraph(PreparedGraph):
     __slots__ = ("blocking",)
 
     def __init__(self, blocking: BlockingRuntime, prepared: PreparedGraph) -> None:
-        super().__init__(prepared.runtime, prepared.plan, prepared.programs, prepared.providers)
+        super().__init__(
+            prepared.runtime, prepared.session, prepared.plan, prepared.programs, prepared.providers
+        )
         self.blocking = blocking
 
     def submit(self, after: Iterable[Completion] = ()) -> Completion:
@@ -251,8 +254,23 @@ class BlockingRuntime:
     def backend_name(self) -> str:
         return self.call(lambda: self.runtime.backend_name)
 
-    def gpu(self) -> GpuDevice:
-        return self.call(self.runtime.gpu)
+    @property
+    def memory_budget(self) -> MemoryBudget | None:
+        return self.runtime.memory_budget
+
+    def gpu(self, number: int = 0) -> GpuDevice:
+        return self.call(self.runtime.gpu, number)
+
+    def gpus(self) -> tuple[GpuDevice, ...]:
+        return self.call(self.runtime.gpus)
+
+    def owns(self, view: View | Buffer) -> bool:
+        return self.runtime.owns(view)
+
+    def adopt_gpu_buffer(
+        self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""
+    ) -> Buffer:
+        return self.call(self.runtime.adopt_gpu_buffer, obj, placement, label)
 
     def npu(self, index: int = 0) -> _BlockingNpu:
         return _BlockingNpu(self, self.call(self.runtime.npu, index))
@@ -285,7 +303,7 @@ class BlockingRuntime:
             shared_bytes,
         )
 
-    def graph(self, label: str = "graph") -> Graph:
+    def graph(self, label: str = "graph") -> Graph[PreparedGraph]:
         """A graph to record in this thread; its `prepare()` returns a `BlockingPreparedGraph`."""
         checked = self.call(self.runtime.graph, label)
         return Graph(checked.domain, label, self._prepare)

@@ -7,55 +7,42 @@ records, prepares or submits is synchronous; only waiting is async.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import anyio
-import anyio.abc
-
-from . import _validate, interop
-from .backends import GPU_BACKENDS, open_gpu_backend
-from .backends.base import Backend
-from .backends.sim import SimBackend
-from .contract import Access, KernelContract, check_dims
-from .errors import (
-    BackendError,
-    BackendUnavailable,
-    Busy,
-    ContractError,
-    DeviceLost,
-    RuntimeClosed,
-)
-from .graph import Graph, GraphPlan
-from .kernels import GpuKernel, KernelSource, NpuKernel
-from .lanes.host import HostExecutor
-from .lanes.lane import Lane
-from .lanes.scheduler import Scheduler
-from .mappings import HostMappings
-from .memory import (
+from ._core import validate as _validate
+from ._core.contract import Access, KernelContract, check_dims
+from ._core.graph import Graph, GraphPlan
+from ._core.kernels import GpuKernel, KernelSource, NpuKernel
+from ._core.memory import (
     GPU_LOCAL,
     Buffer,
     Domain,
     HostMapping,
     MemoryBudget,
     Placement,
-    PlacementKind,
     View,
     gpu_local,
 )
-from .prepared import PreparedGraph
-from .stats import Counters, Statistics
-from .trace import ExecutionTrace, TraceRecorder
+from ._core.stats import Counters, Statistics
+from ._core.trace import ExecutionTrace, TraceRecorder
+from ._runtime.interop import GpuAccess
+from ._runtime.prepared import PreparedGraph
+from ._runtime.scheduler import Scheduler
+from ._runtime.session import NPU_CHOICES, Session
+from .backends import GPU_BACKENDS
+from .backends.base import Backend
+from .errors import (
+    Busy,
+    ContractError,
+    RuntimeClosed,
+)
 
-NPU_CHOICES = ("auto", "sim", "xrt", None)
 _MAX_SIM_NPUS = 64
 """Each sim NPU is a lane task; more than this is a mistake, not a machine."""
 _MAX_GPUS = 64
@@ -162,16 +149,9 @@ class Runtime:
         self.domain = Domain(label)
         self.fallback_reasons: list[str] = []
         self._counters = Counters()
-        self._backend: Backend | None = None
-        self._npu_backend: Any = None
-        self._host: HostExecutor | None = None
-        self._scheduler: Scheduler | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
-        self._finalizers: dict[int, weakref.finalize[Any, Any]] = {}
-        self._host_mappings = HostMappings(self)
-        self._trace: TraceRecorder | None = None
-        self._lost: BaseException | None = None
+        self._session: Session | None = None
+        """The opened state (`_runtime.session.Session`): made on entering, kept after
+        closing (buffers still alive are freed through it)."""
         self._entered = False
 
     # -- lifetime --------------------------------------------------------------
@@ -180,52 +160,19 @@ class Runtime:
         if self._entered:
             raise RuntimeClosed("a Runtime can be entered once; create a new one")
         self._entered = True
-        backend, reasons = open_gpu_backend(self._backend_name, self._devices)
-        self._backend = backend
-        self.fallback_reasons = reasons
-        try:
-            npus = self._open_npus(backend)
-        except BaseException:
-            backend.close()
-            raise
-        self._host = HostExecutor(backend.host_array)
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
-        self._scheduler = Scheduler(
-            task_group, self._counters, self.max_submissions, self._device_lost
+        self.fallback_reasons = []
+        self._session = await Session.open(
+            self,
+            self._backend_name,
+            self._npu_mode,
+            self._sim_npus,
+            self._devices,
+            self._budget,
+            self._counters,
+            self.max_submissions,
+            self.fallback_reasons,
         )
-        self._scheduler.start(len(self._devices), npus)
         return self
-
-    def _open_npus(self, backend: Backend) -> int:
-        """Choose the NPU backend (see the class docstring); returns how many NPUs it has."""
-        mode = self._npu_mode
-        if mode == "auto":
-            mode = os.environ.get("HRX_NPU", "auto").strip().lower() or "auto"
-            if mode == "none":
-                mode = None
-            elif mode not in NPU_CHOICES:
-                raise ContractError(f"HRX_NPU must be one of auto, sim, xrt, none; got {mode!r}")
-        if mode in ("auto", "xrt"):
-            from .backends import xrt
-
-            try:
-                self._npu_backend = xrt.open_npu_backend(0, backend.host_array)
-            except BackendUnavailable as exc:
-                if mode == "xrt":
-                    raise
-                self.fallback_reasons.append(f"npu: {exc}; using the sim NPU")
-            else:
-                return int(self._npu_backend.npu_count())
-        if mode is None:
-            self._sim_npus = 0
-        if isinstance(backend, SimBackend):
-            backend._npus = self._sim_npus
-            self._npu_backend = backend
-        elif self._sim_npus:
-            self._npu_backend = SimBackend(self._sim_npus, host_array=backend.host_array)
-        return self._sim_npus
 
     async def __aexit__(
         self,
@@ -234,91 +181,39 @@ class Runtime:
         tb: TracebackType | None,
     ) -> bool | None:
         """Close as the class docstring says: quiet first on a normal exit, then close."""
-        scheduler, task_group = self._scheduler, self._task_group
-        assert scheduler is not None and task_group is not None
-        try:
-            if exc is None:
-                await self._settle(scheduler)
-        finally:
-            self._host_mappings.closing = True
-            try:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        if exc is not None:
-                            scheduler.cancel_all()
-                        await scheduler.drain()
-                    finally:
-                        scheduler.close_lanes()
-                # The lanes are closed and drained; the body's own exception (if any)
-                # propagates as it is rather than wrapped in the lanes' task group.
-                await task_group.__aexit__(None, None, None)
-            finally:
-                self._close_backends()
+        assert self._session is not None
+        await self._session.close(exc)
         return None
 
-    async def _settle(self, scheduler: Scheduler) -> None:
-        """Wait until no submission is in flight and no other task holds an `async with`
-        mapping. Draining is shielded as on every exit; waiting for mappings is not."""
-        while True:
-            with anyio.CancelScope(shield=True):
-                await scheduler.drain()
-            if not await self._host_mappings.wait_for_other_tasks():
-                return
-
-    def _close_backends(self) -> None:
-        # Closed before anything that can fail, so a close that fails part-way still
-        # refuses every later call; each step below runs even when an earlier one raised.
-        self._scheduler = None
-        self._host_mappings.closing = True
-        with contextlib.ExitStack() as steps:  # runs them last-pushed first
-            for closable in (self._backend, self._npu_backend, self._host):
-                if closable is not None:
-                    steps.callback(closable.close)
-            steps.callback(self._release_all)
-            steps.callback(self._host_mappings.invalidate)
-
-    def _release_all(self) -> None:
-        # The cyclic GC (or another thread) may run finalizers at any point in here, and
-        # they pop their own entries: so no iteration over the dict, only atomic pops, and
-        # calling a finalizer that already ran does nothing.
-        finalizers, failed = self._finalizers, None
-        while finalizers:
-            try:
-                ident, finalizer = finalizers.popitem()
-            except KeyError:  # emptied by a finalizer since the test
-                break
-            buffer = self._buffers.get(ident)
-            try:
-                finalizer()
-            except Exception as exc:  # free the rest first, then say what failed
-                failed = failed or exc
-            if buffer is not None:
-                buffer._mark_released()
-        if failed is not None:
-            raise failed
+    def _opened(self) -> Session:
+        """The session, open or closed; `RuntimeClosed` before `async with`."""
+        session = self._session
+        if session is None:
+            raise RuntimeClosed("the runtime is not open yet; use it inside `async with Runtime()`")
+        return session
 
     def _scheduler_or_raise(self) -> Scheduler:
-        scheduler = self._scheduler
-        if scheduler is None:
-            state = "closed" if self._entered else "not open yet"
-            raise RuntimeClosed(f"the runtime is {state}; use it inside `async with Runtime()`")
-        return scheduler
+        return self._opened().scheduler_or_raise()
 
     def _backend_or_raise(self) -> Backend:
-        self._scheduler_or_raise()
-        assert self._backend is not None
-        return self._backend
+        return self._opened().backend_or_raise()
 
-    def _device_lost(self, error: BaseException) -> None:
-        self._lost = error
-        scheduler = self._scheduler
-        if scheduler is not None:
-            scheduler.fail_pending(DeviceLost(f"the device was lost ({error})"))
+    @property
+    def _scheduler(self) -> Scheduler | None:
+        return self._session.scheduler if self._session is not None else None
+
+    @property
+    def _backend(self) -> Backend | None:
+        return self._session.backend if self._session is not None else None
+
+    @property
+    def _npu_backend(self) -> Any:
+        return self._session.npu_backend if self._session is not None else None
 
     @property
     def healthy(self) -> bool:
         """False once a sticky device error has been seen (the runtime then refuses work)."""
-        return self._lost is None
+        return self._session is None or self._session.lost is None
 
     @property
     def backend_name(self) -> str:
@@ -346,23 +241,10 @@ class Runtime:
         """Every GPU of the runtime, in `devices` order."""
         return tuple(self.gpu(number) for number in range(len(self._devices)))
 
-    def _check_placement(self, placement: Placement) -> None:
-        """The GPU or NPU a placement names must be one of this runtime's."""
-        if placement.npu is not None:
-            npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
-            if placement.npu >= npus:
-                raise ContractError(
-                    f"placement {placement} names NPU {placement.npu}; this runtime has {npus}"
-                )
-        if placement.gpu >= len(self._devices):
-            raise ContractError(
-                f"placement {placement} names GPU {placement.gpu}; this runtime has "
-                f"{len(self._devices)} (Runtime(devices=[...]))"
-            )
-
     def npu(self, index: int = 0) -> NpuDevice:
-        self._scheduler_or_raise()
-        npus = self._npu_backend.npu_count() if self._npu_backend is not None else 0
+        session = self._opened()
+        session.scheduler_or_raise()
+        npus = session.npu_count()
         number = _validate.as_integer(index)
         if number is None or not 0 <= number < npus:
             raise ContractError(
@@ -370,8 +252,7 @@ class Runtime:
                 if npus
                 else "this runtime has no NPU (Runtime(npu=None))"
             )
-        assert self._npu_backend is not None
-        return NpuDevice(self, number, self._npu_backend.npu_target(number))
+        return NpuDevice(self, number, session.npu_backend.npu_target(number))
 
     def load_gpu_kernel(
         self,
@@ -404,13 +285,13 @@ class Runtime:
         columns: int,
         contract: KernelContract,
     ) -> NpuKernel:
-        self._scheduler_or_raise()
-        assert self._npu_backend is not None
+        session = self._opened()
+        session.scheduler_or_raise()
         _validate.instance(source, KernelSource, "source")
         _validate.text(name, "a kernel name", empty=False)
         columns = _validate.integer(columns, "NPU columns", 1)
         _validate.instance(contract, KernelContract, "contract")
-        native = self._npu_backend.load_npu_kernel(npu.index, source, name, columns, contract)
+        native = session.npu_backend.load_npu_kernel(npu.index, source, name, columns, contract)
         return NpuKernel(
             name, npu.index, columns, contract, source, npu.target, self.domain, native
         )
@@ -422,71 +303,15 @@ class Runtime:
         the budget first. `ContractError` for bad arguments, `BudgetExceeded`/`Busy` from
         the budget, `BackendError` (code "out of memory") when the backend has no room;
         nothing is allocated or counted when it raises."""
-        backend = self._backend_or_raise()
+        session = self._opened()
+        session.backend_or_raise()
         nbytes = _validate.integer(nbytes, "allocation size (bytes)", 1, _validate.MAX_ALLOCATION)
         _validate.instance(placement, Placement, "placement", "GPU_LOCAL, HOST_VISIBLE, ...")
         _validate.text(label, "label")
-        self._check_placement(placement)
-        allocator = self._allocator(backend, placement)
-        if self._budget is not None:
-            self._budget.charge(nbytes)
-        try:
-            storage = allocator.allocate(nbytes, placement)
-        except BaseException as exc:
-            if self._budget is not None:
-                self._budget.release(nbytes)
-            if isinstance(exc, MemoryError):
-                raise BackendError(
-                    backend.name,
-                    "allocate",
-                    "out of memory",
-                    f"{nbytes} bytes of {placement} memory do not fit",
-                ) from exc
-            raise
-        buffer = Buffer(self, nbytes, placement, storage, label)
-        self._counters.allocated(nbytes)
-        if placement.kind is PlacementKind.SHARED:
-            self._counters.imports += 1
-        self._buffers[buffer.ident] = buffer
-        self._finalizers[buffer.ident] = weakref.finalize(
-            buffer, self._release_storage, buffer.ident, storage, nbytes
-        )
-        return buffer
-
-    def _allocator(self, backend: Backend, placement: Placement) -> Any:
-        """NPU placements are the NPU backend's memory where it has its own (xrt) and the
-        GPU backend's memory is host memory (sim); otherwise the GPU backend's."""
-        npu = self._npu_backend
-        if (
-            placement.npu is not None
-            and npu is not None
-            and npu is not backend
-            and hasattr(npu, "allocate")
-            and isinstance(backend, SimBackend)
-        ):
-            return npu
-        return backend
-
-    def _release_storage(self, ident: int, storage: Any, nbytes: int) -> None:
-        self._finalizers.pop(ident, None)
-        free = self._backend.free if self._backend is not None else None
-        self._host_mappings.free_storage(ident, storage, free)
-        self._counters.released(nbytes)
-        if self._budget is not None:
-            self._budget.release(nbytes)
-        # Nothing to tell the tracker: pending work and mappings hold views, so a buffer
-        # that is released (freed or collected) has no tracked users left.
+        return session.allocate(nbytes, placement, label)
 
     def _release_buffer(self, buffer: Buffer) -> None:
-        scheduler = self._scheduler
-        if scheduler is not None and (
-            not scheduler.tracker.untouched(buffer.ident) or self._host_mappings.holds(buffer.ident)
-        ):
-            raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
-        finalizer = self._finalizers.get(buffer.ident)
-        buffer._mark_released()
-        if finalizer is not None:
-            finalizer()
+        self._opened().release_buffer(buffer)
 
     def owns(self, view: View | Buffer) -> bool:
         buffer = view.buffer if isinstance(view, View) else view
@@ -501,34 +326,19 @@ class Runtime:
 
     # -- graphs ----------------------------------------------------------------
 
-    def graph(self, label: str = "graph") -> Graph:
-        self._scheduler_or_raise()
-        return Graph(self.domain, label, self._prepare)
+    def graph(self, label: str = "graph") -> Graph[PreparedGraph]:
+        session = self._opened()
+        session.scheduler_or_raise()
+        return Graph(self.domain, label, session.prepare)
 
     def _prepare(self, plan: GraphPlan) -> PreparedGraph:
-        backend = self._backend_or_raise()
-        programs: list[Any] = []
-        providers: list[object] = []
-        for region in plan.regions:
-            provider: Any
-            if region.lane is Lane.HOST:
-                provider = self._host
-            elif region.lane is Lane.NPU:
-                provider = self._npu_backend
-            else:
-                programs.append(backend.prepare_region(region.lane, region.ops, region.gpu))
-                providers.append(backend)
-                continue
-            programs.append(provider.prepare_region(region.lane, region.ops))
-            providers.append(provider)
-        return PreparedGraph(self, plan, tuple(programs), tuple(providers))
+        return self._opened().prepare(plan)
 
     # -- statistics and trace --------------------------------------------------
 
     def statistics(self) -> Statistics:
         snapshot = self._counters.snapshot()
-        backends = [b for b in (self._backend, self._npu_backend) if b is not None]
-        unique = list({id(b): b for b in backends}.values())
+        unique = self._session.backends() if self._session is not None else []
         return dataclasses.replace(
             snapshot,
             native_graphs_prepared=sum(b.native_graphs_prepared for b in unique),
@@ -557,23 +367,18 @@ class Runtime:
         """Wait until every submission made so far has finished."""
         await self._scheduler_or_raise().drain()
 
-    # -- host mappings (hrx_async.mappings) ------------------------------------
+    # -- host mappings and interop (the session's) -----------------------------------
 
     @property
     def _mapping_count(self) -> int:
         """Live mappings: the scheduler checks conflicts on submit only when nonzero."""
-        return self._host_mappings.count
-
-    def _check_mapping_conflicts(self, plan: GraphPlan) -> None:
-        self._host_mappings.check_conflicts(plan)
+        return self._session.mappings.count if self._session is not None else 0
 
     def _map(self, view: View, write: bool, wait: bool) -> AbstractAsyncContextManager[memoryview]:
-        return self._host_mappings.map(view, write, wait)
+        return self._opened().mappings.map(view, write, wait)
 
     def _map_nowait(self, view: View, write: bool) -> HostMapping:
-        return self._host_mappings.map_nowait(view, write)
-
-    # -- interop (hrx_async.interop) -------------------------------------------
+        return self._opened().mappings.map_nowait(view, write)
 
     def adopt_gpu_buffer(
         self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""
@@ -582,17 +387,17 @@ class Runtime:
         DLPack), zero-copy. The array is kept alive with the buffer; counted in `imports`;
         charged to the budget unless its bytes are already one of this runtime's buffers.
         Placement GPU_LOCAL or shared(npu) (host-mapped memory only). On sim: host arrays."""
-        return interop.adopt_gpu_buffer(self, obj, placement, label)
+        return self._opened().interop.adopt_gpu_buffer(obj, placement, label)
 
     def gpu_access(
         self, accesses: Iterable[tuple[View, Access]], stream: int | None = None
-    ) -> AbstractAsyncContextManager[interop.GpuAccess]:
+    ) -> AbstractAsyncContextManager[GpuAccess]:
         """`async with rt.gpu_access([(view, Access.WRITE), ...]) as access:` hands native code
         `access.stream` and `access.pointers`. Whole allocations are reserved; conflicting
         submitted work finishes first; submits and maps on them are `Busy` inside; later
         work is ordered after the block's stream work by an event. `stream`: queue on this
         raw handle instead of the runtime's own interop stream."""
-        return interop.gpu_access(self, accesses, stream)
+        return self._opened().interop.gpu_access(accesses, stream)
 
     def _dlpack(
         self,
@@ -602,10 +407,10 @@ class Runtime:
         dl_device: tuple[int, int] | None,
         copy: bool | None,
     ) -> Any:
-        return interop.export_dlpack(self, view, stream, max_version, dl_device, copy)
+        return self._opened().interop.export_dlpack(view, stream, max_version, dl_device, copy)
 
     def _dlpack_device(self, view: View) -> tuple[int, int]:
-        return interop.dlpack_device(self, view)
+        return self._opened().interop.dlpack_device(view)
 
 
 def _device_list(devices: Iterable[int], device: int) -> tuple[int, ...]:
@@ -622,4 +427,4 @@ def _device_list(devices: Iterable[int], device: int) -> tuple[int, ...]:
     return listed
 
 
-__all__ = ["Access", "GpuDevice", "NpuDevice", "Runtime"]
+__all__ = ["GpuDevice", "NpuDevice", "Runtime"]

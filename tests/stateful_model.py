@@ -5,7 +5,7 @@ A *program* is a few buffers, a few graphs (fills, copies, GPU kernels, NPU kern
 functions over small, often overlapping views) and a list of steps: submit a graph (reusing
 its prepared form or preparing it afresh, maybe `after=` earlier submissions), cancel a
 submission now or from a background task a little later, let the loop run (checkpoints,
-short sleeps), await a submission. `tests/test_stateful.py` runs a program on a runtime and
+short sleeps), await a submission. `tests/runtime/test_stateful.py` runs a program on a runtime and
 records what it can observe; `check` below replays the admitted submissions one by one in
 admission order and says whether the observations are a legal outcome.
 

@@ -17,8 +17,8 @@ import pytest
 
 import hrx_async
 from hrx_async import _build
-from hrx_async.cli import main
 from hrx_async.examples.common import EXIT_OK
+from hrx_async.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import pytest
 
-from hrx_async import kernel_cache
-from hrx_async.cli import main
+from hrx_async._core.lane import Lane
+from hrx_async._core.trace import ExecutionTrace, TraceEvent
+from hrx_async.backends import kernel_cache
 from hrx_async.examples import graph_prepare
 from hrx_async.examples.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Report
-from hrx_async.lanes.lane import Lane
-from hrx_async.trace import ExecutionTrace, TraceEvent
+from hrx_async.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def test_demo_refuses_an_unknown_picture_format_before_running(
 NO_MODULE = """
 import sys
 sys.modules[sys.argv[1]] = None  # as if it were not installed
-from hrx_async.cli import main
+from hrx_async.tools.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -165,7 +165,7 @@ def test_trace_plot_reads_standard_chrome_traces(
 
 
 def test_a_chrome_trace_becomes_named_rows_and_bars() -> None:
-    from hrx_async.plot import timeline_from_chrome
+    from hrx_async.tools.plot import timeline_from_chrome
 
     timeline = timeline_from_chrome(PLAIN_EVENTS)
     assert timeline.rows == ("worker", "thread 12")
@@ -199,7 +199,7 @@ def test_graph_prepare_collects_before_each_size(monkeypatch: pytest.MonkeyPatch
 
 
 def test_quiet_gc_freezes_for_the_block_and_keeps_a_callers_freeze() -> None:
-    from hrx_async.benchmark import quiet_gc
+    from hrx_async.tools.benchmark import quiet_gc
 
     assert gc.get_freeze_count() == 0
     with quiet_gc():
@@ -243,7 +243,7 @@ def _drawn_figure(trace: ExecutionTrace, path: Path, monkeypatch: pytest.MonkeyP
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from hrx_async.plot import plot_timeline
+    from hrx_async.tools.plot import plot_timeline
 
     drawn: list[Any] = []
     real_savefig = Figure.savefig

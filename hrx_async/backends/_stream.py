@@ -32,17 +32,14 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..contract import KernelContract
+from .._core.contract import KernelContract
+from .._core.dlpack import DLPACK_CPU
+from .._core.kernels import KernelSource
+from .._core.lane import Lane
+from .._core.memory import Placement, PlacementKind
+from .._core.ops import Copy, Fill, Launch, Op
 from ..errors import BackendError, ContractError, Unsupported
-from ..kernel_cache import KernelCache
-from ..kernels import KernelSource
-from ..lanes.lane import Lane
-from ..memory import Placement, PlacementKind
-from ..ops import Copy, Fill, Launch, Op
 from ._stream_driver import (
-    DLPACK_CPU,
-    DLPACK_CUDA,
-    DLPACK_ROCM,
     DriverTable,
     make_error,
     quietly,
@@ -60,6 +57,7 @@ from ._stream_programs import (
     constant_sizes,
 )
 from .base import Fence, QueueKey
+from .kernel_cache import KernelCache
 from .worker import Preflight
 
 DEFAULT_POLL_BUDGET_US = 30.0
@@ -505,9 +503,6 @@ class StreamBackend:
 
 __all__ = [
     "DEFAULT_POLL_BUDGET_US",
-    "DLPACK_CPU",
-    "DLPACK_CUDA",
-    "DLPACK_ROCM",
     "POINTER_BYTES",
     "CopyProgram",
     "DeviceKernels",

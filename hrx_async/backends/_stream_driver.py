@@ -15,10 +15,6 @@ from typing import Any, Protocol
 
 from ..errors import BackendError, HrxError
 
-DLPACK_CPU = 1
-DLPACK_CUDA = 2
-DLPACK_ROCM = 10
-
 
 def make_error(
     backend: str,
@@ -174,4 +170,4 @@ def quietly(call: Callable[..., Any], *args: Any) -> None:
         call(*args)
 
 
-__all__ = ["DLPACK_CPU", "DLPACK_CUDA", "DLPACK_ROCM", "DriverTable", "make_error", "quietly"]
+__all__ = ["DriverTable", "make_error", "quietly"]

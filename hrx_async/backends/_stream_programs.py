@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import KernelContract
+from .._core.contract import KernelContract
 from ..errors import ContractError
 from ._stream_driver import DriverTable
 

@@ -14,14 +14,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..contract import KernelContract
-from ..kernels import GpuKernel, KernelSource, NpuKernel
-from ..lanes.lane import Lane
-from ..memory import Placement
-from ..ops import Op
-
-QueueKey = tuple[Lane, int]
-"""A lane and the device index it serves (NPU lanes are per NPU)."""
+from .._core.contract import KernelContract
+from .._core.kernels import GpuKernel, KernelSource, NpuKernel
+from .._core.lane import Lane, QueueKey
+from .._core.memory import Placement
+from .._core.ops import Op
 
 HostArray = Callable[[Any, int, int], np.ndarray[Any, np.dtype[np.uint8]]]
 """(storage, offset, nbytes) -> a uint8 numpy array over host-mapped storage, zero-copy."""

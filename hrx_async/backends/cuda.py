@@ -21,9 +21,10 @@ import os
 import sys
 from typing import Any
 
+from .._core.dlpack import DLPACK_CUDA
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
-from ..kernel_cache import KernelCache
-from ._stream import DLPACK_CUDA, StreamBackend, make_error
+from ._stream import StreamBackend, make_error
+from .kernel_cache import KernelCache
 
 INSTALL = 'pip install "hrx-async[cuda]"'
 DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"

@@ -64,8 +64,8 @@ import os
 import re
 from typing import Any
 
+from .._core.dlpack import DLPACK_ROCM
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
-from ..kernel_cache import KernelCache
 from ._rocm import (
     LIBRARY,
     ROCM_HINT,
@@ -76,7 +76,8 @@ from ._rocm import (
     library_path,
     load_error,
 )
-from ._stream import DLPACK_ROCM, StreamBackend, make_error
+from ._stream import StreamBackend, make_error
+from .kernel_cache import KernelCache
 
 INSTALL = 'pip install "hrx-async[hip]"'
 

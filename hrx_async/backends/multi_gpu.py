@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..contract import KernelContract
+from .._core.contract import KernelContract
+from .._core.kernels import KernelSource
+from .._core.lane import Lane
+from .._core.memory import Placement
+from .._core.ops import Op
 from ..errors import ContractError, Unsupported
-from ..kernels import KernelSource
-from ..lanes.lane import Lane
-from ..memory import Placement
-from ..ops import Op
 from ._stream import (
     CopyProgram,
     DeviceKernels,

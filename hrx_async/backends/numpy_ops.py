@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Access
+from .._core.contract import Access
+from .._core.memory import View
+from .._core.ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
 from ..errors import Unsupported
-from ..memory import View
-from ..ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
 from .base import HostArray
 
 Step = Callable[[], Any]

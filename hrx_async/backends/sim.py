@@ -3,7 +3,7 @@
 Runs anywhere. Every placement is host memory, but the rules of real devices
 still hold (the runtime refuses to map GPU-local memory, NPU kernels bind only
 their NPU's memory). GPU kernels are host callables (`KernelSource(host=fn)`,
-see `hrx_async.kernels` for the calling convention); sim NPUs run host
+see `hrx_async._core.kernels` for the calling convention); sim NPUs run host
 callables as NPU programs for the target "sim-npu". numpy releases the GIL in
 its copies and arithmetic, so lanes overlap for real.
 """
@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import KernelContract
+from .._core.contract import KernelContract
+from .._core.kernels import KernelSource
+from .._core.lane import Lane
+from .._core.memory import Placement
+from .._core.ops import Op
 from ..errors import ContractError, Unsupported
-from ..kernels import KernelSource
-from ..lanes.lane import Lane
-from ..memory import Placement
-from ..ops import Op
 from .base import HostArray, QueueKey
 from .numpy_ops import ByteArray, StepProgram, compile_region
 from .worker import WorkerQueue
@@ -115,6 +115,10 @@ class SimBackend:
 
     def npu_count(self) -> int:
         return self._npus
+
+    def serve_npus(self, npus: int) -> None:
+        """Serve `npus` NPUs too (a runtime whose GPU backend is this one sets how many)."""
+        self._npus = npus
 
     def npu_target(self, npu: int) -> str:
         return SIM_NPU_TARGET

@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Access, KernelContract
+from .._core.contract import Access, KernelContract
+from .._core.kernels import KernelSource
+from .._core.lane import Lane
+from .._core.memory import Placement, PlacementKind, View
+from .._core.ops import NpuLaunch, Op
 from ..errors import BackendError, BackendUnavailable, ContractError, Unsupported
-from ..kernels import KernelSource
-from ..lanes.lane import Lane
-from ..memory import Placement, PlacementKind, View
-from ..ops import NpuLaunch, Op
 from .base import HostArray, QueueKey
 from .xrt_runs import FROM_DEVICE, TO_DEVICE, Quarantine, SyncCounter, XrtProgram, XrtQueue
 

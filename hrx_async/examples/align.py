@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import GPU_LOCAL, HOST_VISIBLE, ModelContext, PreparedGraph, Runtime, Tensor, TensorDesc
-from ..benchmark import percentile
+from .. import GPU_LOCAL, HOST_VISIBLE, PreparedGraph, Runtime
 from ..image import RgbOps, RgbResize, letterbox
+from ..models import ModelContext, Tensor, TensorDesc
+from ..tools.benchmark import percentile
 from .common import (
     ExampleFailed,
     ExampleResult,

@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from .._core.trace import ExecutionTrace
 from ..errors import HrxError
-from ..trace import ExecutionTrace
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

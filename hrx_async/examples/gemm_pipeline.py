@@ -28,9 +28,9 @@ import numpy as np
 
 from .. import Access, Binding, Buffer, Constants, KernelContract, KernelSource, Runtime, shared
 from ..backends.sim import SIM_NPU_TARGET
-from ..benchmark import percentile
 from ..errors import ContractError
-from ..runner import import_kernel_module
+from ..tools.benchmark import percentile
+from ..tools.runner import import_kernel_module
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 from .kernels import ADD_F32_CXX, BLOCK, EULER_CXX, GemmBf16, add_f32_host, euler_host
 from .npu_choice import USAGE as NPU_USAGE

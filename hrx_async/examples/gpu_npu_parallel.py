@@ -40,9 +40,9 @@ from .. import (
     Runtime,
     npu_local,
 )
+from .._core.lane import Lane
+from .._core.trace import ExecutionTrace
 from ..backends.sim import SIM_NPU_TARGET
-from ..lanes.lane import Lane
-from ..trace import ExecutionTrace
 from .common import (
     ExampleFailed,
     ExampleResult,

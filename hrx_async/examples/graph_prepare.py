@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 
 from .. import GPU_LOCAL, Runtime
-from ..benchmark import quiet_gc
-from ..lanes.lane import Lane
-from ..ops import Fill
+from .._core.lane import Lane
+from .._core.ops import Fill
+from ..tools.benchmark import quiet_gc
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 
 NAME = "graph_prepare"

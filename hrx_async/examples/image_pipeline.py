@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import GPU_LOCAL, ModelContext, PlanCache, PreparedGraph, Runtime, Tensor, TensorDesc
-from ..benchmark import percentile
+from .. import GPU_LOCAL, PreparedGraph, Runtime
 from ..image import ImageOps
+from ..models import ModelContext, PlanCache, Tensor, TensorDesc
+from ..tools.benchmark import percentile
 from .common import (
     ExampleFailed,
     ExampleResult,

@@ -1,7 +1,7 @@
 """The examples' kernels, each as CUDA C++ source and as a numpy host function.
 
 GPU backends compile `cxx`; the sim backend runs `host`. NPU programs are
-host functions for the sim NPU. Host kernels follow `hrx_async.kernels`: they
+host functions for the sim NPU. Host kernels follow `hrx_async._core.kernels`: they
 get one uint8 array per binding (the whole bound view) and the contract's
 constant bytes, and write their outputs in place.
 

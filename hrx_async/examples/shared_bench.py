@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import Runtime, shared
-from ..benchmark import percentile
+from ..tools.benchmark import percentile
 from ._shared import SharedParams, load_copy, parse_shared
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, main_for
 from .npu_choice import USAGE as NPU_USAGE

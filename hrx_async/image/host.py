@@ -1,7 +1,7 @@
 """The image kernels in numpy, for the sim backend: the formulas of `cxx`, step by step,
 in float32, vectorised over the whole output.
 
-Each host kernel follows `hrx_async.kernels`: one uint8 array per binding (the whole
+Each host kernel follows `hrx_async._core.kernels`: one uint8 array per binding (the whole
 bound view) and the contract's constant bytes, here one `ImageArgs` (see `args`),
 read with `args.unpack` exactly as the device reads its struct.
 """

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import shown
-from ..contract import Access, Binding, KernelContract
+from .._core.contract import Access, Binding, KernelContract
+from .._core.graph import Graph
+from .._core.kernels import GpuKernel, KernelSource
+from .._core.validate import shown
 from ..errors import ContractError
-from ..graph import Graph
-from ..kernels import GpuKernel, KernelSource
 from ..models import DType, PlanCache, Tensor
 from ..runtime import Runtime
 from . import args as image_args
@@ -127,7 +127,9 @@ class ImageOps:
 
     # -- the operations --------------------------------------------------------------
 
-    async def resize(self, graph: Graph, src: Tensor, dst: Tensor, mode: str = "bilinear") -> int:
+    async def resize(
+        self, graph: Graph[Any], src: Tensor, dst: Tensor, mode: str = "bilinear"
+    ) -> int:
         """`dst` = `src` resized to `dst`'s height and width ("bilinear" or "nearest");
         same dtype (u8 or f32), batch and channels; layouts may differ."""
         self._check_graph(graph)
@@ -147,7 +149,7 @@ class ImageOps:
 
     async def affine(
         self,
-        graph: Graph,
+        graph: Graph[Any],
         src: Tensor,
         dst: Tensor,
         matrix: Any,
@@ -178,7 +180,7 @@ class ImageOps:
 
     async def normalize(
         self,
-        graph: Graph,
+        graph: Graph[Any],
         src: Tensor,
         dst: Tensor,
         mean: Sequence[float],
@@ -211,7 +213,7 @@ class ImageOps:
         entry = f"hrx_normalize_{_suffix(dtype)}"
         return await self._record(graph, entry, key, [src], dst, constants)
 
-    async def composite(self, graph: Graph, fg: Tensor, bg: Tensor, dst: Tensor) -> int:
+    async def composite(self, graph: Graph[Any], fg: Tensor, bg: Tensor, dst: Tensor) -> int:
         """Straight-alpha "over": `fg`'s last channel is its alpha (0..255 for u8, 0..1 for
         f32). With an opaque `bg` of C channels `fg` has C + 1 and `dst` = fg·a + bg·(1 − a);
         with a `bg` whose last channel is alpha, `fg` has as many channels as `bg` and
@@ -253,7 +255,7 @@ class ImageOps:
         entry = f"hrx_composite_{_suffix(dtype)}"
         return await self._record(graph, entry, key, [fg, bg], dst, constants)
 
-    async def patchify(self, graph: Graph, src: Tensor, dst: Tensor, patch: int) -> int:
+    async def patchify(self, graph: Graph[Any], src: Tensor, dst: Tensor, patch: int) -> int:
         """Cut `src` (n, c, h, w) into `patch` x `patch` cells: `dst` is a row-major
         [n, cells, c·patch·patch] (or [n·cells, c·patch·patch]) tensor of `src`'s dtype, cells
         in row order, features ordered (channel, row, column). `patch` divides h and w."""
@@ -324,7 +326,7 @@ class ImageOps:
             values["ss"] = s.strides
         return values
 
-    def _check_views(self, graph: Graph, inputs: Sequence[Tensor], dst: Tensor) -> None:
+    def _check_views(self, graph: Graph[Any], inputs: Sequence[Tensor], dst: Tensor) -> None:
         """What `graph.gpu` would refuse, checked before any plan is made."""
         domain = self.runtime.domain
         for tensor in (*inputs, dst):
@@ -346,7 +348,7 @@ class ImageOps:
 
     async def _record(
         self,
-        graph: Graph,
+        graph: Graph[Any],
         entry: str,
         key: Hashable,
         inputs: Sequence[Tensor],

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import shown
-from ..contract import Access, Binding, KernelContract
+from .._core.contract import Access, Binding, KernelContract
+from .._core.kernels import GpuKernel, KernelSource
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Placement, View
+from .._core.validate import shown
 from ..errors import ContractError
-from ..kernels import GpuKernel, KernelSource
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Placement, View
 from ..models import DType, Layout, Tensor, TensorDesc
 from ..models.fragment import ModelFragment
 from ..models.plan_cache import PlanCacheStats

@@ -24,22 +24,39 @@ template is a weight of the fragment (uploaded once, shared by its slots and gra
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .._validate import shown
-from ..contract import Access
+from .._core.contract import Access
+from .._core.kernels import GpuKernel
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Placement
+from .._core.validate import shown
 from ..errors import ContractError
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Placement
 from ..models import DType, Layout, ModelContext, TensorDesc
 from ..models.fragment import ModelFragment
 from ..models.op_fragment import OpFragmentBuilder
 from ..models.region import Dispatch
+from ..runtime import Runtime
 from . import args as image_args
 
-if TYPE_CHECKING:
-    from .rgb import RgbOps
+
+class RgbOps(Protocol):
+    """What the fragment forms use of `rgb.RgbOps` (whose methods call them): its runtime,
+    its kernel loader and its argument checks, so the call and its fragment check alike."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    def _kernel(
+        self, entry: str, sizes: list[tuple[int, Access]], constants: bytes, total: int
+    ) -> GpuKernel: ...
+
+    @staticmethod
+    def _factor(factor: object, encoding: object) -> tuple[int, int]: ...
+
+    @staticmethod
+    def _crop(height: object, width: object, mode: object, crops: int) -> tuple[int, int, int]: ...
 
 R, W = Access.READ, Access.WRITE
 

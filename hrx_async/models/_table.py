@@ -48,7 +48,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ..budget import MemoryBudget, Reservation
+from .._core.budget import MemoryBudget, Reservation
 from ..errors import BudgetExceeded, Busy, ContractError, RuntimeClosed
 
 V = TypeVar("V")

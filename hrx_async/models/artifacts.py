@@ -42,8 +42,8 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement
 from ..errors import ContractError
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement
 from ..runtime import Runtime
 from . import _check
 from ._format import (

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..completion import Completion
+from .._core.memory import HOST_VISIBLE, View
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..memory import HOST_VISIBLE, View
-from ..prepared import PreparedGraph
-from ..slots import Slot
+from ..serve.slots import Slot
 from . import _check
 from .device import DeviceTensor
 from .tensor import Tensor

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..completion import Completion
+from .._core.memory import View
+from .._runtime.completion import Completion
 from ..errors import ContractError
-from ..memory import View
 from . import _check
 from .tensor import TensorDesc
 

@@ -46,11 +46,11 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from .._core.graph import Graph
+from .._core.memory import Buffer, Placement, View
 from ..errors import ContractError
-from ..graph import Graph
-from ..memory import Buffer, Placement, View
 from . import _check
 from .device import DeviceTensor, LeasedView
 from .inference import ModelContext, PreparedModel, SlotIO
@@ -157,7 +157,7 @@ class _Pool:
     steps: int = 0
 
 
-_POOLS: weakref.WeakKeyDictionary[Graph, _Pool] = weakref.WeakKeyDictionary()
+_POOLS: weakref.WeakKeyDictionary[Graph[Any], _Pool] = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -248,7 +248,7 @@ class ModelFragment:
 
     # -- composition -----------------------------------------------------------------
 
-    def record(self, graph: Graph, inputs: Sequence[DeviceTensor]) -> list[DeviceTensor]:
+    def record(self, graph: Graph[Any], inputs: Sequence[DeviceTensor]) -> list[DeviceTensor]:
         """Append the commands to `graph`, binding `inputs` in place; the outputs."""
         ctx = self.definition.context
         if not isinstance(graph, Graph):
@@ -273,7 +273,7 @@ class ModelFragment:
         pool = _POOLS.get(graph) if self.reuse else None
         buffers, planned = self._allocate(ctx, bound, pool)
         view_for = self._views(buffers, bound)
-        probe = Graph(graph.domain, graph.label)
+        probe: Graph[Any] = Graph(graph.domain, graph.label)
         record_commands(probe, self.commands, view_for)
         outputs = []
         for region, desc in self.outputs:

@@ -36,12 +36,12 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..completion import Completion
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Buffer, Placement, View
-from ..prepared import PreparedGraph
 from ..runtime import Runtime
-from ..slots import Slot, SlotPool
+from ..serve.slots import Slot, SlotPool
 from . import _check, chain
 from .chain import Inference, SlotLease
 from .device import DeviceTensor, producers, trailing_check

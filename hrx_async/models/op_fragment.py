@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._core.kernels import GpuKernel
+from .._core.memory import GPU_LOCAL, Placement
 from ..errors import ContractError
-from ..kernels import GpuKernel
-from ..memory import GPU_LOCAL, Placement
 from .fragment import ModelDefinition, ModelFragment
 from .inference import ModelContext
 from .region import Arena, Command, Region

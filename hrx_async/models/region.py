@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..contract import Access
+from .._core.contract import Access
+from .._core.graph import Graph
+from .._core.kernels import GpuKernel
+from .._core.memory import Buffer, Placement, View
 from ..errors import ContractError
-from ..graph import Graph
-from ..kernels import GpuKernel
-from ..memory import Buffer, Placement, View
 from ..runtime import Runtime
 from . import _check
 
@@ -237,7 +238,7 @@ def check_commands(arena: Arena, commands: object, what: str) -> tuple[Command, 
 
 
 def record_commands(
-    graph: Graph, commands: Sequence[Command], view_for: Callable[[Region], View]
+    graph: Graph[Any], commands: Sequence[Command], view_for: Callable[[Region], View]
 ) -> None:
     """Record checked `commands` into `graph`, each region as the view `view_for` gives;
     the graph orders them by byte range (its access tracker)."""

@@ -28,7 +28,7 @@ own key, or for more than the budget less its own reservation, is a `ContractErr
 One ceiling: `residency.budget` is the `MemoryBudget` the residency charges; open a
 runtime with it (`Runtime(memory_budget=residency.budget)`) and every allocation charges
 the same limit, evicting idle unleased unpinned values when it does not fit (see
-`hrx_async.budget` for which releases a synchronous allocation can run). Values whose
+`hrx_async._core.budget` for which releases a synchronous allocation can run). Values whose
 memory is allocated through such a runtime, or that grow, are loaded with
 `load_budgeted(key, idle, loader)`: the entry costs nothing itself, `loader(unit)` gets
 a `UnitBudget` and charges what it holds through `unit.reserve(n)` (guards kept in the
@@ -49,9 +49,9 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from ..budget import MemoryBudget, Reservation
+from .._core.budget import MemoryBudget, Reservation
+from .._core.memory import Buffer
 from ..errors import Busy, ContractError
-from ..memory import Buffer
 from . import _check
 from ._table import Entry, Hold, State, Table
 

@@ -24,10 +24,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from ..completion import Completion
+from .._core.memory import Buffer, View
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import Busy, ContractError
-from ..memory import Buffer, View
-from ..prepared import PreparedGraph
 from .device import DeviceTensor
 from .plan_cache import PlanCache, PlanCacheStats
 from .tensor import Tensor, TensorDesc

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._core.memory import GPU_LOCAL, Placement
 from ..errors import ContractError
-from ..memory import GPU_LOCAL, Placement
 from . import _check
 
 

@@ -32,12 +32,12 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..completion import Completion
-from ..contract import KernelContract
+from .._core.contract import KernelContract
+from .._core.kernels import GpuKernel, KernelSource
+from .._core.memory import GPU_LOCAL, HOST_VISIBLE, Placement, View
+from .._runtime.completion import Completion
+from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
-from ..kernels import GpuKernel, KernelSource
-from ..memory import GPU_LOCAL, HOST_VISIBLE, Placement, View
-from ..prepared import PreparedGraph
 from ..runtime import Runtime
 from . import _check
 from .inference import ModelContext

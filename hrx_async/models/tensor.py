@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .._core.memory import View
 from ..errors import ContractError
-from ..memory import View
 from . import _check
 
 

@@ -1,5 +1,9 @@
 """Serving: a runtime per worker process, owned by the web app that uses it.
 
+* `SlotPool`, `Slot` and `Batcher` (`slots`): a fixed set of reusable resources per
+  runtime (buffers and prepared graphs, say) handed to one request at a time, and
+  batching of requests that arrive together.
+
 * `RuntimeService` (`asgi`): an ASGI app's lifespan opens one runtime and drains it at
   shutdown; FastAPI dependencies hand it out; `/healthz`, `/stats` and `/metrics` report it.
 * `prometheus_text` (`metrics`): the runtime's counters in the Prometheus text format.
@@ -17,14 +21,18 @@ FastAPI and Starlette are imported only when an app is built or routes are added
 from .asgi import Health, HealthState, RuntimeService, ShutdownReport, logger, runtime_threads
 from .body import RequestRefused, json_depth, load_json, media_type, read_body
 from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from .slots import Batcher, Slot, SlotPool
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
+    "Batcher",
     "Health",
     "HealthState",
     "RequestRefused",
     "RuntimeService",
     "ShutdownReport",
+    "Slot",
+    "SlotPool",
     "json_depth",
     "load_json",
     "logger",

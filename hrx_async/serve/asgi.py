@@ -31,9 +31,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
+from .._core.stats import Statistics
 from ..errors import ContractError, DeviceLost, RuntimeClosed
 from ..runtime import Runtime
-from ..stats import Statistics
 from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
 
 T = TypeVar("T")

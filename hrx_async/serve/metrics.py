@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
+from .._core.stats import FIELD_NAMES, Statistics
 from ..errors import ContractError
-from ..stats import FIELD_NAMES, Statistics
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

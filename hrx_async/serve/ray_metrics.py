@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..stats import FIELD_NAMES, Statistics
+from .._core.stats import FIELD_NAMES, Statistics
 from .metrics import GAUGE_FIELDS, HEALTHY_HELP, METRIC_HELP, METRIC_PREFIX, check_prefix
 
 

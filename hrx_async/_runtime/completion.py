@@ -1,0 +1,306 @@
+"""Completion: the awaitable outcome of one submission.
+
+Awaiting never cancels anything: cancelling the awaiting task only stops the
+wait. `cancel()` is the one way to skip work, and it skips only regions that
+have not started. Other threads use `wait(timeout)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import Busy
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionProfile:
+    """Host-observed times of one submission, in microseconds."""
+
+    elapsed_us: float
+    """From submit() to the completion resolving."""
+    queue_us: float | None
+    """From submit() to the first region starting (None if none ran)."""
+
+
+class CompletionSource(Protocol):
+    """What a completion asks of the work behind it, until it resolves."""
+
+    def cancel(self) -> None:
+        """Skip what has not started."""
+        ...
+
+    def sweep(self) -> bool:
+        """Finish whatever already completed, without waiting; called before suspending.
+
+        True makes the caller the *leader*: it keeps calling `sweep_again()` between
+        checkpoints instead of suspending until woken, then calls `release()`.
+        """
+        ...
+
+    def sweep_again(self) -> bool:
+        """The leader's sweep; False once sweeping is no longer worth it (wait instead)."""
+        ...
+
+    def release(self) -> None:
+        """The leader stops sweeping."""
+        ...
+
+
+_trio: Any = None
+
+
+def trio_checkpoint() -> Callable[[], Awaitable[None]]:
+    """trio's own checkpoint. anyio's looks up the running backend on every call, which is
+    a sixth of a trio checkpoint's cost."""
+    checkpoint: Callable[[], Awaitable[None]] = trio_lowlevel().checkpoint
+    return checkpoint
+
+
+def trio_lowlevel() -> Any:
+    """`trio.lowlevel`, imported on first use. A trio task parks on its completion with
+    `wait_task_rescheduled` and is woken with `reschedule`: an `anyio.Event` per wait costs
+    several times more (backend lookup, two wrapper objects)."""
+    global _trio
+    if _trio is None:
+        import trio.lowlevel
+
+        _trio = trio.lowlevel
+    return _trio
+
+
+async def _park_trio_task(waiters: list[Any]) -> None:
+    """Park the current trio task in `waiters` until `Completion._resolve` reschedules it.
+    Cancelling the task only takes it out of `waiters` (awaiting never cancels work)."""
+    lowlevel = trio_lowlevel()
+    task = lowlevel.current_task()
+    waiters.append(task)
+
+    def abort(_: Any) -> Any:
+        if task in waiters:
+            waiters.remove(task)
+        return lowlevel.Abort.SUCCEEDED
+
+    await lowlevel.wait_task_rescheduled(abort)
+
+
+YIELD_EVERY = 8
+"""How many awaits in a row of completions already done (or finished by their own sweep)
+return without yielding to the loop."""
+_finished_without_yield = 0
+
+# Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
+# lock for all completions: threads rarely wait, and a lock per submission would cost more.
+_THREAD_WAITERS = threading.Lock()
+
+
+class Completion:
+    """The outcome of one submission (await it, or poll `done()`)."""
+
+    __slots__ = (
+        "_callbacks",
+        "_error",
+        "_futures",
+        "_loop",
+        "_source",
+        "_tasks",
+        "_thread_event",
+        "finished_at",
+        "label",
+        "owner",
+        "started_at",
+        "submitted_at",
+        "wait_check",
+    )
+
+    def __init__(
+        self,
+        label: str,
+        source: CompletionSource,
+        loop: asyncio.AbstractEventLoop | None = None,
+        owner: object = None,
+    ) -> None:
+        self.label = label
+        self.owner = owner
+        """The scheduling domain that made it: `after=` accepts only its own."""
+        self._source: CompletionSource | None = source
+        self._callbacks: list[Callable[[], None]] | None = None
+        # On asyncio, waiters wait on plain futures (one each, so cancelling one waiter
+        # cancels only its own): about half the cost of an anyio.Event round trip.
+        self._loop = loop
+        self._futures: list[asyncio.Future[None]] | None = None
+        self._error: BaseException | None = None
+        self._tasks: list[Any] | None = None
+        """trio: the tasks parked on it (asyncio waits on `_futures`)."""
+        self._thread_event: threading.Event | None = None
+        self.wait_check: Callable[[Completion], None] | None = None
+        """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
+        self.submitted_at = time.perf_counter()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    # -- called by the scheduler on the loop thread ---------------------------------
+
+    def _resolve(self, error: BaseException | None) -> None:
+        if self.finished_at is not None:
+            return
+        self._error = error
+        self._source = None
+        with _THREAD_WAITERS:
+            self.finished_at = time.perf_counter()
+            thread_event = self._thread_event
+        tasks = self._tasks
+        if tasks is not None:
+            self._tasks = None
+            reschedule = trio_lowlevel().reschedule
+            for task in tasks:
+                reschedule(task)
+        futures = self._futures
+        if futures is not None:
+            self._futures = None
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+        if thread_event is not None:
+            thread_event.set()
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                callback()
+
+    def _on_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` on the loop thread once resolved (at once if it is)."""
+        if self.finished_at is not None:
+            callback()
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
+
+    def _mark_started(self, when: float) -> None:
+        if self.started_at is None or when < self.started_at:
+            self.started_at = when
+
+    # -- public ----------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def result(self) -> None:
+        """Return if the submission succeeded, raise its error if it failed; never waits."""
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished; await it or use wait()")
+        if self._error is not None:
+            raise self._error
+
+    def exception(self) -> BaseException | None:
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished")
+        return self._error
+
+    def cancel(self) -> bool:
+        """Skip the regions that have not started; running ones drain. False if already done."""
+        source = self._source
+        if source is None:
+            return False
+        source.cancel()
+        return True
+
+    async def wait_done(self) -> None:
+        """Wait until finished without raising the submission's error.
+
+        Awaiting a completion that was already done returns at once, as awaiting a
+        finished future does; so does one that this very await finishes (its sweep found
+        the work done), except that every `YIELD_EVERY`-th such await in a row yields once,
+        so a task that submits and awaits in a loop never starves the loop. (Yielding every
+        time would cost each short replay a loop iteration, a quarter of its latency on
+        asyncio and more on trio.) On trio every await is still a cancel point: a cancelled
+        caller gets `Cancelled` there, as from any of trio's own awaits.
+        """
+        global _finished_without_yield
+        loop = self._loop
+        if loop is not None and self.finished_at is not None:
+            return
+        source = self._source
+        lead = source.sweep() if source is not None else False
+        if self.finished_at is not None:
+            if _finished_without_yield < YIELD_EVERY:
+                _finished_without_yield += 1
+                if loop is None:
+                    await trio_lowlevel().checkpoint_if_cancelled()
+                return
+            _finished_without_yield = 0
+            if loop is not None:
+                await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint
+            else:
+                await trio_checkpoint()()
+            return
+        _finished_without_yield = 0
+        if lead:
+            assert source is not None
+            # Sweeping between checkpoints notices the end of the work in the same loop
+            # iteration that resumes this task, one iteration sooner than being woken.
+            checkpoint = trio_checkpoint() if loop is None else None
+            try:
+                while True:
+                    if checkpoint is None:
+                        await asyncio.sleep(0)
+                    else:
+                        await checkpoint()
+                    # (`done()`, not the attribute: it changed across the await.)
+                    if not source.sweep_again() or self.done():
+                        break
+            finally:
+                source.release()
+            if self.done():
+                return
+        if loop is not None:
+            future = loop.create_future()
+            if self._futures is None:
+                self._futures = [future]
+            else:
+                self._futures.append(future)
+            await future
+        else:
+            if self._tasks is None:
+                self._tasks = []
+            await _park_trio_task(self._tasks)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from self.wait_done().__await__()
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this (non-loop) thread until finished; False on timeout, changing nothing.
+
+        `wait_check`, when set, runs first and raises where the wait could never return.
+        """
+        check = self.wait_check
+        if check is not None:
+            check(self)
+        with _THREAD_WAITERS:
+            if self.finished_at is not None:
+                return True
+            if self._thread_event is None:
+                self._thread_event = threading.Event()
+            event = self._thread_event
+        return event.wait(timeout)
+
+    @property
+    def profile(self) -> CompletionProfile:
+        if self.finished_at is None:
+            raise Busy(f"submission of {self.label!r} has not finished; no profile yet")
+        queue_us = None
+        if self.started_at is not None:
+            queue_us = max(0.0, (self.started_at - self.submitted_at) * 1e6)
+        return CompletionProfile((self.finished_at - self.submitted_at) * 1e6, queue_us)
+
+    def __repr__(self) -> str:
+        state = "pending" if self.finished_at is None else ("failed" if self._error else "done")
+        return f"<Completion {self.label!r} {state}>"

@@ -1,0 +1,212 @@
+"""The outcome of every region: settling in dependency order, and finishing submissions.
+
+A region's outcome settles only once everything it follows has settled, so
+ordering is transitive through skipped work (see `Outcomes.finish`). `Scheduler`
+is built on this: admission and issue there, outcomes here.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+import anyio
+
+from .._core.graph import RegionPlan
+from .._core.stats import Counters
+from .._core.trace import TraceEvent, TraceRecorder
+from .._core.tracker import AccessTracker
+from ..errors import Cancelled, DependencyFailed, HrxError
+from .poison import PoisonBook
+from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
+
+_UNREAD: BaseException = BaseException("the fence's error was not read yet")
+"""`fence_done`'s default: the caller did not read the fence's error."""
+
+
+class Outcomes:
+    """How regions end and submissions finish; the state it needs is the scheduler's."""
+
+    counters: Counters
+    tracker: AccessTracker[object]
+    poison_book: PoisonBook
+    settling: collections.deque[RegionRun]
+    trace: TraceRecorder | None
+    trace_origin: float
+    lost: BaseException | None
+    on_device_lost: Callable[[BaseException], None]
+    in_flight: int
+    max_submissions: int
+    waiting: collections.deque[Submission]
+    live: int
+    idle: anyio.Event | None
+
+    def _admit(self, submission: Submission) -> None:
+        raise NotImplementedError
+
+    def fence_done(self, run: RegionRun, error: BaseException | None = _UNREAD) -> None:
+        """`run`'s fence finished (`error`: its failure, when the caller read it already)."""
+        fence = run.fence
+        assert fence is not None
+        if fence.started_at is not None:
+            run.started_at = fence.started_at
+        if error is _UNREAD:
+            error = fence.error()
+        self.finish(run, error, fence.skipped(), fence.finished_at)
+
+    def finish(
+        self,
+        run: RegionRun,
+        error: BaseException | None,
+        skipped: bool = False,
+        finished_at: float | None = None,
+    ) -> None:
+        """`run` ended (ran, failed, or was skipped); the first outcome counts.
+
+        Ordering is transitive whether or not the middle runs: a region that ends before
+        everything it follows has finished (a skipped one, or one that failed without
+        waiting) keeps its outcome until then, so nothing that follows it can overtake
+        what it follows. Deferred outcomes settle in order, without recursion.
+        """
+        if run.state >= DONE or run.outcome is not None:
+            return
+        blockers = 0
+        for dep in run.deps:
+            if dep.state < DONE:
+                blockers += 1
+                if dep.followers is None:
+                    dep.followers = [run]
+                else:
+                    dep.followers.append(run)
+        after = run.submission.after
+        if after:
+            for item in after:
+                if not item.done():
+                    blockers += 1
+                    item._on_done(lambda: self._unblock(run))
+        run.outcome = (error, skipped, finished_at)
+        if blockers and self.lost is None:  # once the device is lost, nothing runs anyway
+            run.blockers = blockers
+            return
+        self._ready(run)
+
+    def _unblock(self, run: RegionRun) -> None:
+        run.blockers -= 1
+        if run.blockers == 0 and run.state < DONE:
+            self._ready(run)
+
+    def _ready(self, run: RegionRun) -> None:
+        settling = self.settling
+        settling.append(run)
+        if len(settling) > 1:
+            return  # an outer call is settling; it takes this one in turn
+        while settling:
+            try:
+                self._settle(settling[0])
+            finally:
+                settling.popleft()
+
+    def _settle(self, run: RegionRun) -> None:
+        if run.state >= DONE:
+            return
+        assert run.outcome is not None
+        error, skipped, finished_at = run.outcome
+        end = finished_at if finished_at is not None else time.perf_counter()
+        submission = run.submission
+        plan = run.plan
+        self.tracker.forget(run)
+        if run.clears:
+            run.run_clears(ran=False)  # ended without running: it clears nothing any more
+        if error is not None:
+            run.state = FAILED
+            run.error = error
+            self.note_failure(error)
+            # Work that never ran leaves its outputs as they were; work that failed (or read
+            # poisoned input) leaves them undefined.
+            run.apply_failure(error)
+            # The submission reports the failure itself, not a region that refused because
+            # of it (that one may settle first: it did not have to wait for it).
+            known = submission.error
+            if known is None or (
+                isinstance(known, DependencyFailed) and not isinstance(error, DependencyFailed)
+            ):
+                submission.error = run.failure_cause(error)
+        elif skipped:
+            run.state = SKIPPED
+            submission.skipped = True
+        else:
+            run.state = DONE
+            started = run.started_at
+            if started is not None and run.fence is not None:
+                # Learn how long this region takes: an idle loop watches its next replay as long.
+                estimates, index = run.estimates, plan.index
+                estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
+            if plan.copy_bytes:
+                self.counters.count_copies(plan.copies)
+        started = run.started_at
+        if started is not None and run.state != SKIPPED:
+            completion = submission.completion
+            if completion.started_at is None or started < completion.started_at:
+                completion.started_at = started
+        if self.trace is not None and started is not None and run.state != SKIPPED:
+            # A skipped region never ran: it has no place on the timeline.
+            self.trace.record(
+                TraceEvent(
+                    graph=submission.label,
+                    region=plan.index,
+                    lane=plan.lane,
+                    start_us=(started - self.trace_origin) * 1e6,
+                    duration_us=max(0.0, end - started) * 1e6,
+                    copied_bytes=plan.copy_bytes if run.state == DONE else 0,
+                    failed=run.state == FAILED,
+                    device=plan.queue_key[1],
+                )
+            )
+        if run.deps or run.issued_waiters or run.done_waiters or run.followers:
+            self.wake_waiters(run)
+        submission.remaining -= 1
+        if submission.remaining == 0:
+            self._finish_submission(submission)
+
+    def note_failure(self, error: BaseException) -> None:
+        """A sticky error loses the device, once."""
+        if is_sticky(error) and self.lost is None:
+            self.lost = error
+            self.on_device_lost(error)
+
+    def poison(self, plan: RegionPlan, error: BaseException) -> None:
+        """Mark what `plan` writes as undefined (a buffer keeps its first failure)."""
+        if isinstance(error, HrxError):
+            self.poison_book.add(plan.writes, error)
+
+    def wake_waiters(self, run: RegionRun) -> None:
+        """`run` is final: release its dependencies, its followers and its waiters."""
+        run.deps = ()
+        for waiters in (run.issued_waiters, run.done_waiters):
+            if waiters:
+                for event in waiters:
+                    event.set()
+        run.issued_waiters = run.done_waiters = None
+        followers = run.followers
+        if followers is not None:
+            run.followers = None
+            for follower in followers:
+                self._unblock(follower)
+
+    def _finish_submission(self, submission: Submission) -> None:
+        error = submission.error
+        if error is None and submission.skipped:
+            error = Cancelled(f"submission of {submission.label!r} was cancelled")
+        submission.runs = []
+        self.counters.completions += 1
+        submission.completion._resolve(error)
+        if submission.admitted:
+            self.in_flight -= 1
+        self.live -= 1
+        waiting = self.waiting
+        while waiting and self.in_flight < self.max_submissions:
+            self._admit(waiting.popleft())
+        if self.live == 0 and self.idle is not None:
+            self.idle.set()
+            self.idle = None

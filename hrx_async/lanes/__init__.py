@@ -1,5 +1,0 @@
-"""Scheduling lanes: lane numbers, lane tasks, admission and the host lane."""
-
-from .lane import Lane
-
-__all__ = ["Lane"]
