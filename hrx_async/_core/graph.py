@@ -9,6 +9,7 @@ summarises each region's accesses. The runtime turns a plan into a
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -20,7 +21,7 @@ from .intervals import Interval, merge_intervals, tracked_range
 from .kernels import GpuKernel, NpuKernel
 from .lane import Lane
 from .memory import Buffer, Domain, View, view_of
-from .ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
+from .ops import Copy, External, Fill, HostCall, Launch, NpuLaunch, Op
 from .tracker import AccessTracker
 
 P = TypeVar("P")
@@ -43,9 +44,13 @@ class Node:
 
     @property
     def own_region(self) -> bool:
-        """NPU and host nodes, and copies between two GPUs, are each a region of their own
-        (a copy between GPUs is issued directly, never captured into one GPU's graph)."""
-        return self.lane in (Lane.NPU, Lane.HOST) or _between_gpus(self.op)
+        """NPU, host and external nodes, and copies between two GPUs, are each a region of
+        their own (none of them is captured into one GPU's native graph)."""
+        return (
+            self.lane in (Lane.NPU, Lane.HOST)
+            or isinstance(self.op, External)
+            or _between_gpus(self.op)
+        )
 
     @property
     def kind(self) -> str:
@@ -246,6 +251,52 @@ class Graph(Generic[P]):
         _check_aliasing("host function", [(v, a.writes) for v, a in pairs], allow=False)
         views = tuple(v for v, _ in pairs)
         return self._add(Lane.HOST, HostCall(fn, views, tuple(a for _, a in pairs)), pairs)
+
+    def external(self, fn: Callable[..., Any], accesses: Iterable[tuple[View, Access]]) -> int:
+        """Work another library issues (PyTorch, CuPy, a native library) as a region of its
+        own on the compute lane, ordered by byte range like any kernel.
+
+        Each replay calls `fn(stream, tensors)` when the region is issued, on the event
+        loop's thread: `stream` is the lane's raw stream handle (an int; for PyTorch,
+        `torch.cuda.ExternalStream(stream)`), `tensors` one uint8 tensor per access over its
+        view, exporting DLPack (`torch.from_dlpack`) and, on CUDA, the CUDA array interface.
+        `fn` must only *enqueue* work on `stream` and return (no waiting, no await): the
+        region's fence is recorded on that stream right after it returns. On `sim`,
+        `stream` is None and the tensors are uint8 numpy arrays (read-only for READ), so
+        the same graph runs everywhere. An exception from `fn` fails the region
+        (`ExecutionError`) and poisons what it writes. Views must be GPU-visible memory of
+        one GPU.
+        """
+        if not callable(fn):
+            raise ContractError(f"external() takes a callable, got {_validate.shown(fn)}")
+        if inspect.iscoroutinefunction(fn):
+            raise ContractError(
+                "external() takes a plain function that enqueues work and returns; "
+                f"{fn!r} is an async def function (use host() to await on the loop)"
+            )
+        pairs = _validate.items(accesses, "external() accesses")
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Access)):
+                raise ContractError(
+                    f"external() accesses are (view, Access) pairs, got {_validate.shown(pair)}"
+                )
+            view = self._check_view(pair[0], "external access")
+            if not view.buffer.placement.gpu_bindable:
+                raise ContractError(
+                    f"external work cannot access {view}: {view.buffer.placement} memory is "
+                    "not visible to the GPU"
+                )
+        views = tuple(v for v, _ in pairs)
+        gpu = _gpu_of(views)
+        if any(v.buffer.placement.gpu_device not in (None, gpu) for v in views):
+            devices = sorted({str(v.buffer.placement) for v in views})
+            raise ContractError(
+                f"external work accesses memory of more than one GPU ({devices}); it runs on "
+                "one GPU's stream: copy the views onto it first"
+            )
+        _check_aliasing("external work", [(v, a.writes) for v, a in pairs], allow=False)
+        op = External(fn, views, tuple(a for _, a in pairs))
+        return self._add(Lane.COMPUTE, op, pairs, gpu=gpu)
 
     # -- preparation -----------------------------------------------------------------
 

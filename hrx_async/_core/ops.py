@@ -48,4 +48,14 @@ class HostCall:
     accesses: tuple[Access, ...]
 
 
-Op = Fill | Copy | Launch | NpuLaunch | HostCall
+@dataclass(frozen=True, slots=True)
+class External:
+    """Work another library issues onto the compute lane's stream: `fn(stream, tensors)`,
+    one tensor per access (on sim: `fn(None, uint8_arrays)`, read-only for READ)."""
+
+    fn: Callable[..., Any]
+    views: tuple[View, ...]
+    accesses: tuple[Access, ...]
+
+
+Op = Fill | Copy | Launch | NpuLaunch | HostCall | External

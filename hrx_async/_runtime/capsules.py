@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core.dlpack import GPU_DLPACK_DEVICES
+from .._core.dlpack import DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED, GPU_DLPACK_DEVICES
 from ..backends.base import GpuInterop
 from ..errors import ContractError, Unsupported
 
@@ -176,6 +176,58 @@ def make_capsule(
     _exports[address] = (managed, shape, keepalive)
     destructor = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
     return _capsule_new(address, name, destructor)
+
+
+class ExternalTensor:
+    """One access of external work (`Graph.external`): `nbytes` uint8 at `pointer` on a GPU,
+    made once when the graph is prepared. Exports DLPack (any number of times: each call
+    makes a fresh capsule) and, for CUDA memory, the CUDA array interface; keeps its view's
+    buffer alive while a consumer holds an export."""
+
+    __slots__ = ("device", "nbytes", "pointer", "readonly", "view")
+
+    def __init__(
+        self, pointer: int, nbytes: int, device: tuple[int, int], readonly: bool, view: Any
+    ) -> None:
+        self.pointer = pointer
+        self.nbytes = nbytes
+        self.device = device
+        self.readonly = readonly
+        self.view = view
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        # `stream` needs no wait: the work runs in order on the stream the function was given.
+        if copy:
+            raise BufferError("external tensors export their memory zero-copy only")
+        if dl_device is not None and tuple(dl_device) != self.device:
+            raise BufferError(f"the tensor lives on DLPack device {self.device}, not {dl_device}")
+        versioned = max_version is not None and int(max_version[0]) >= 1
+        return make_capsule(self.pointer, self.nbytes, self.device, self.view, versioned)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self.device[0] not in (DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED):
+            raise AttributeError("__cuda_array_interface__ is for CUDA memory")
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.pointer, self.readonly),
+            "strides": None,
+            "version": 3,
+        }
+
+    def __repr__(self) -> str:
+        return f"<ExternalTensor {self.nbytes} B at {self.pointer:#x} on {self.device}>"
 
 
 def from_dlpack(obj: Any, backend: GpuInterop, gpu: int) -> tuple[int, int, Any, int | None]:

@@ -19,12 +19,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._core.graph import GraphPlan
+from .._core.graph import GraphPlan, RegionPlan
 from .._core.lane import Lane
 from .._core.memory import Buffer, BufferOwner, Domain, MemoryBudget, Placement, PlacementKind
+from .._core.ops import External
 from .._core.stats import Counters
 from ..backends import open_gpu_backend
-from ..backends.base import Backend
+from ..backends.base import Backend, GpuInterop
 from ..backends.sim import SimBackend
 from ..errors import (
     BackendError,
@@ -34,6 +35,7 @@ from ..errors import (
     DeviceLost,
     RuntimeClosed,
 )
+from .capsules import ExternalTensor
 from .host import HostExecutor
 from .interop import Interop
 from .mappings import HostMappings
@@ -288,12 +290,30 @@ class Session:
             elif region.lane is Lane.NPU:
                 provider = self.npu_backend
             else:
-                programs.append(backend.prepare_region(region.lane, region.ops, region.gpu))
+                programs.append(self._prepare_gpu_region(backend, region))
                 providers.append(backend)
                 continue
             programs.append(provider.prepare_region(region.lane, region.ops))
             providers.append(provider)
         return PreparedGraph(self.owner, self, plan, tuple(programs), tuple(providers))
+
+    @staticmethod
+    def _prepare_gpu_region(backend: Backend, region: RegionPlan) -> Any:
+        ops = region.ops
+        if len(ops) == 1 and isinstance(ops[0], External) and isinstance(backend, GpuInterop):
+            op = ops[0]
+            tensors = [
+                ExternalTensor(
+                    backend.device_pointer(view.buffer.storage) + view.offset,
+                    view.nbytes,
+                    backend.dlpack_device(view.buffer.storage),
+                    not access.writes,
+                    view,
+                )
+                for view, access in zip(op.views, op.accesses, strict=True)
+            ]
+            return backend.prepare_external(op.fn, tensors, region.gpu)
+        return backend.prepare_region(region.lane, ops, region.gpu)
 
     def backends(self) -> list[Any]:
         """The GPU backend and the NPU backend, each once."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.contract import KernelContract
@@ -50,6 +50,7 @@ from ._stream_programs import (
     POINTER_BYTES,
     CopyProgram,
     DeviceKernels,
+    ExternalProgram,
     GraphProgram,
     KernelArguments,
     NativeKernel,
@@ -247,6 +248,12 @@ class StreamBackend:
             op = ops[0]
             return CopyProgram(device_address(op.dst), device_address(op.src), op.dst.nbytes)
         return self._capture(ops)
+
+    def prepare_external(
+        self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0
+    ) -> ExternalProgram:
+        """A region of external work (`Graph.external`) over `tensors` the runtime made."""
+        return ExternalProgram(fn, tensors)
 
     def _capture(self, ops: Sequence[Op]) -> GraphProgram:
         table = self.table

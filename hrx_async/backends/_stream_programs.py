@@ -20,6 +20,8 @@ region's graph.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,27 @@ class GraphProgram:
 
     def launch(self, table: DriverTable, stream: Any) -> None:
         table.graph_launch(self.graph_exec, stream)
+
+
+class ExternalProgram:
+    """A region of work another library issues: `fn(stream, tensors)` with the lane's raw
+    stream handle, called where the region is launched (see `Graph.external`)."""
+
+    __slots__ = ("fn", "native_graph", "tensors")
+
+    def __init__(self, fn: Callable[..., Any], tensors: list[Any]) -> None:
+        self.fn = fn
+        self.tensors = tensors
+        self.native_graph = False
+
+    def launch(self, table: DriverTable, stream: Any) -> None:
+        result = self.fn(table.stream_handle(stream), self.tensors)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(
+                f"external work {self.fn!r} returned an awaitable; it must enqueue and return"
+            )
 
 
 class CopyProgram:

@@ -196,6 +196,11 @@ class GpuInterop(Protocol):
         """Make stream `handle` wait for `fences` on the device (False: not this backend's)."""
         ...
 
+    def prepare_external(self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0) -> Any:
+        """The program of a region of external work: `fn(stream_handle, tensors)` on the
+        region's lane stream of GPU `gpu` when it is launched (`Graph.external`)."""
+        ...
+
 
 class NpuBackend(Protocol):
     """NPU devices: each has a target and runs programs on its own lane."""

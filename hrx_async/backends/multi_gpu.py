@@ -21,7 +21,7 @@ memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.contract import KernelContract
@@ -132,6 +132,9 @@ class MultiGpuBackend:
         self, lane: Lane, ops: Sequence[Op], gpu: int = 0
     ) -> GraphProgram | CopyProgram:
         return self.enter(gpu).prepare_region(lane, ops)
+
+    def prepare_external(self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0) -> Any:
+        return self.enter(gpu).prepare_external(fn, tensors)
 
     def load_gpu_kernel(
         self,

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._core.contract import Access
 from .._core.memory import View
-from .._core.ops import Copy, Fill, HostCall, Launch, NpuLaunch, Op
+from .._core.ops import Copy, External, Fill, HostCall, Launch, NpuLaunch, Op
 from ..errors import Unsupported
 from .base import HostArray
 
@@ -46,6 +46,17 @@ def _host_step(fn: Callable[..., Any], arrays: list[ByteArray]) -> Step:
     return lambda: fn(*arrays)
 
 
+def _external_step(fn: Callable[..., Any], arrays: list[ByteArray]) -> Step:
+    return lambda: _no_result(fn(None, arrays), fn)
+
+
+def _no_result(result: Any, fn: Callable[..., Any]) -> None:
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(f"external work {fn!r} returned an awaitable; it must enqueue and return")
+
+
 def is_async_host_call(op: Op) -> bool:
     return isinstance(op, HostCall) and inspect.iscoroutinefunction(op.fn)
 
@@ -70,6 +81,9 @@ def compile_op(op: Op, host_array: HostArray) -> Step:
         view_array(host_array, view, access is not Access.READ)
         for view, access in zip(op.views, op.accesses, strict=True)
     ]
+    if isinstance(op, External):
+        return _external_step(op.fn, arrays)
+    assert isinstance(op, HostCall)
     return _host_step(op.fn, arrays)
 
 

@@ -337,3 +337,38 @@ async def test_cross_lane_chains_pipeline_in_order() -> None:
             assert bytes(memory) == bytes([8]) * n
         async with host.map_read() as memory:
             assert bytes(memory)[n // 2 :] == bytes([8]) * (n // 2)
+
+
+@pytest.mark.cuda
+@cuda_only
+async def test_external_pytorch_work_runs_on_the_lane_stream_in_order() -> None:
+    """`Graph.external` with PyTorch: the work is enqueued on the compute lane's stream through
+    `torch.cuda.ExternalStream` over DLPack tensors, between the upload and the download."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    n = 1 << 16
+    async with hrx.Runtime(backend="cuda", npu=None) as rt:
+        host_in = rt.allocate(n, hrx.HOST_VISIBLE)
+        host_out = rt.allocate(n, hrx.HOST_VISIBLE)
+        x = rt.allocate(n, hrx.GPU_LOCAL)
+        y = rt.allocate(n, hrx.GPU_LOCAL)
+
+        def triple(stream: int, tensors: list[Any]) -> None:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+                source, target = (torch.from_dlpack(t) for t in tensors)
+                torch.mul(source, 3, out=target)
+
+        graph = rt.graph("torch-region")
+        graph.copy(x.view(), host_in.view())
+        graph.external(triple, [(x.view(), hrx.Access.READ), (y.view(), hrx.Access.WRITE)])
+        graph.copy(host_out.view(), y.view())
+        prepared = graph.prepare()
+        pattern = (np.arange(n) % 81).astype(np.uint8)
+        for shift in (0, 1):
+            async with host_in.map_write() as memory:
+                np.frombuffer(memory, np.uint8)[:] = pattern + shift
+            await prepared.submit()
+            async with host_out.map_read() as memory:
+                got = np.frombuffer(memory, np.uint8).copy()
+            np.testing.assert_array_equal(got, ((pattern + shift) * 3).astype(np.uint8))

@@ -499,6 +499,57 @@ async def test_a_stream_waits_once_per_other_stream_and_never_for_itself(
             assert bytes(memory) == bytes([7]) * 64
 
 
+async def test_external_work_enqueues_on_the_lane_stream_through_dlpack_tensors(
+    host_table: HostTable,
+) -> None:
+    """`Graph.external` on a stream backend: the function gets the compute lane's raw stream
+    handle and one DLPack tensor per access, and what it enqueues there is ordered between
+    the upload before it and the download after it, replay after replay."""
+    host_table.delay = 0.002
+    async with hrx.Runtime(backend="fake") as rt:
+        host_in = rt.allocate(64, hrx.HOST_VISIBLE)
+        host_out = rt.allocate(64, hrx.HOST_VISIBLE)
+        x = rt.allocate(64, hrx.GPU_LOCAL)
+        y = rt.allocate(64, hrx.GPU_LOCAL)
+        seen: list[Any] = []
+
+        def triple(stream: int, tensors: list[Any]) -> None:
+            source, target = tensors
+            seen.append((stream in host_table.streams, source.readonly, target.readonly))
+            src, dst = np.from_dlpack(source), np.from_dlpack(target)
+            host_table.streams[stream].put(lambda: np.multiply(src, 3, out=dst))
+
+        graph = rt.graph("upload-external-download")
+        graph.copy(x.view(), host_in.view())
+        graph.external(triple, [(x.view(), hrx.Access.READ), (y.view(), hrx.Access.WRITE)])
+        graph.copy(host_out.view(), y.view())
+        prepared = graph.prepare()
+        for value in (2, 7):
+            async with host_in.map_write() as memory:
+                memory[:] = bytes([value]) * 64
+            await prepared.submit()
+            async with host_out.map_read() as memory:
+                assert bytes(memory) == bytes([value * 3]) * 64
+        assert seen == [(True, True, False)] * 2
+        tensor = prepared.programs[1].tensors[1]
+        assert tensor.__dlpack_device__() == (1, 0) and tensor.nbytes == 64
+
+
+async def test_failing_external_work_on_a_stream_fails_its_region(host_table: HostTable) -> None:
+    async with hrx.Runtime(backend="fake") as rt:
+        y = rt.allocate(64, hrx.GPU_LOCAL)
+
+        def broken(stream: int, tensors: list[Any]) -> None:
+            raise RuntimeError("the library failed")
+
+        graph = rt.graph("broken-external")
+        graph.external(broken, [(y.view(), hrx.Access.WRITE)])
+        with pytest.raises(hrx.ExecutionError, match="broken-external"):
+            await graph.prepare().submit()
+        assert y.poison is not None
+        assert rt.healthy
+
+
 async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:
     def crash(values: list[bytes]) -> None:
         raise RuntimeError("illegal address")
