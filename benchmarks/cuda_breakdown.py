@@ -19,13 +19,13 @@ from cuda_common import Direct, configure, parser, run
 
 import hrx_async as hrx
 from hrx_async._runtime import completion as completion_module
-from hrx_async.backends import _stream
+from hrx_async.backends import _stream_fences
 
 STAMPS: dict[str, float] = {}
 
 
 def _stamp_methods() -> None:
-    mark = _stream.StreamFence._mark
+    mark = _stream_fences.StreamFence._mark
     resolve = completion_module.Completion._resolve
 
     def stamped_mark(self: Any, *args: Any) -> Any:
@@ -36,7 +36,7 @@ def _stamp_methods() -> None:
         STAMPS["resolved"] = time.perf_counter()
         resolve(self, error)
 
-    _stream.StreamFence._mark = stamped_mark  # type: ignore[method-assign]
+    _stream_fences.StreamFence._mark = stamped_mark  # type: ignore[method-assign]
     completion_module.Completion._resolve = stamped_resolve  # type: ignore[method-assign]
 
 

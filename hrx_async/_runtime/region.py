@@ -95,9 +95,9 @@ class RegionRun:
         self.estimates = estimates
         self.key = key
         self.clears = clears
+        """Buffers this region writes whole: running clears their poison."""
         self.inputs: Sequence[Interval] = plan.reads if inputs is None else inputs
         """The bytes it reads before writing them itself: poisoned, they refuse it."""
-        """Buffers this region writes whole: running clears their poison."""
         self.deps: Sequence[RegionRun] = ()
         self.state = QUEUED
         self.fence: Fence | None = None

@@ -17,7 +17,6 @@ one GPU API; `cuda.py` and `hip.py` each provide one):
   (`_stream_fences.py`).
 
 The driver table's protocol and error mapping are in `_stream_driver.py`.
-This module keeps the names the other modules used to import from it.
 
 Threads: `StreamQueue.submit`, `prepare_region` and the interop calls are made
 from one thread (the event loop's); fences finish on that thread or on waiter
@@ -41,13 +40,11 @@ from .._core.ops import Copy, Fill, Launch, Op
 from ..errors import BackendError, ContractError, Unsupported
 from ._stream_driver import (
     DriverTable,
-    make_error,
     quietly,
 )
-from ._stream_fences import EventPool, FenceWaiter, StreamFence, StreamFences, finished_fence
+from ._stream_fences import EventPool, StreamFence, StreamFences, finished_fence
 from ._stream_memory import ByteArray, NativeStorage, device_address
 from ._stream_programs import (
-    POINTER_BYTES,
     CopyProgram,
     DeviceKernels,
     ExternalProgram,
@@ -508,24 +505,4 @@ class StreamBackend:
         self._closed = True
 
 
-__all__ = [
-    "DEFAULT_POLL_BUDGET_US",
-    "POINTER_BYTES",
-    "CopyProgram",
-    "DeviceKernels",
-    "DriverTable",
-    "EventPool",
-    "FenceWaiter",
-    "GraphProgram",
-    "KernelArguments",
-    "NativeKernel",
-    "NativeStorage",
-    "StreamBackend",
-    "StreamFence",
-    "StreamFences",
-    "StreamQueue",
-    "check_kernel_metadata",
-    "constant_sizes",
-    "finished_fence",
-    "make_error",
-]
+__all__ = ["DEFAULT_POLL_BUDGET_US", "StreamBackend", "StreamQueue"]

@@ -23,7 +23,8 @@ from typing import Any
 
 from .._core.dlpack import DLPACK_CUDA
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
-from ._stream import StreamBackend, make_error
+from ._stream import StreamBackend
+from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
 INSTALL = 'pip install "hrx-async[cuda]"'

@@ -76,7 +76,8 @@ from ._rocm import (
     library_path,
     load_error,
 )
-from ._stream import StreamBackend, make_error
+from ._stream import StreamBackend
+from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
 INSTALL = 'pip install "hrx-async[hip]"'

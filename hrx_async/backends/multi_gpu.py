@@ -30,15 +30,9 @@ from .._core.lane import Lane
 from .._core.memory import Placement
 from .._core.ops import Op
 from ..errors import ContractError, Unsupported
-from ._stream import (
-    CopyProgram,
-    DeviceKernels,
-    GraphProgram,
-    NativeKernel,
-    NativeStorage,
-    StreamBackend,
-    StreamQueue,
-)
+from ._stream import StreamBackend, StreamQueue
+from ._stream_memory import NativeStorage
+from ._stream_programs import CopyProgram, DeviceKernels, GraphProgram, NativeKernel
 from .base import Fence, QueueKey
 from .worker import Preflight
 

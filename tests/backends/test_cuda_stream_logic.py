@@ -23,7 +23,8 @@ import hrx_async as hrx
 import hrx_async._runtime.session as runtime_module
 from hrx_async._runtime.completion import YIELD_EVERY
 from hrx_async._runtime.watch import SWEEP_LIMIT
-from hrx_async.backends._stream import StreamBackend, make_error
+from hrx_async.backends._stream import StreamBackend
+from hrx_async.backends._stream_driver import make_error
 from hrx_async.backends.kernel_cache import KernelCache
 from hrx_async.errors import ContractError
 

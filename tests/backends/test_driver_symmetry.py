@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hrx_async._core.dlpack import DLPACK_CUDA, DLPACK_ROCM
-from hrx_async.backends._stream import DriverTable
+from hrx_async.backends._stream_driver import DriverTable
 from hrx_async.backends.cuda import CudaTable
 from hrx_async.backends.hip import HipTable
 
