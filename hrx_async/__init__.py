@@ -26,8 +26,9 @@ from ._core.memory import (
 from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace, TraceEvent
 from ._runtime.completion import Completion, CompletionProfile
+from ._runtime.native import NativeSession
 from ._runtime.prepared import PreparedGraph
-from .blocking import BlockingPreparedGraph, BlockingRuntime
+from .blocking import BlockingNativeSession, BlockingPreparedGraph, BlockingRuntime
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -55,6 +56,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Binding",
+    "BlockingNativeSession",
     "BlockingPreparedGraph",
     "BlockingRuntime",
     "BudgetExceeded",
@@ -79,6 +81,7 @@ __all__ = [
     "KernelSource",
     "Lane",
     "MemoryBudget",
+    "NativeSession",
     "NpuDevice",
     "NpuKernel",
     "Placement",

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -53,12 +53,14 @@ from ._core.memory import GPU_LOCAL, Buffer, MemoryBudget, Placement, View
 from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace
 from ._runtime.completion import Completion
+from ._runtime.native import NativeSession
 from ._runtime.prepared import PreparedGraph
 from .backends.worker import worker_origin
 from .errors import Busy, ContractError, RuntimeClosed
 from .runtime import GpuDevice, NpuDevice, Runtime
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 _ASYNC_BACKENDS = ("asyncio", "trio")
 
@@ -117,6 +119,34 @@ class _BlockingNpu:
 
     def __repr__(self) -> str:
         return f"<BlockingNpu {self.index} {self.target}>"
+
+
+class BlockingNativeSession(Generic[T]):
+    """A `NativeSession` whose `run` blocks the calling thread (`BlockingRuntime`)."""
+
+    def __init__(self, blocking: BlockingRuntime, session: NativeSession[T]) -> None:
+        self._blocking = blocking
+        self.session = session
+
+    @property
+    def state(self) -> T:
+        """The state stages run on; `DeviceLost` once the session is quarantined."""
+        return self.session.state
+
+    @property
+    def quarantined(self) -> bool:
+        return self.session.quarantined
+
+    def run(self, stage: Callable[[T], R]) -> R:
+        """`NativeSession.run`, waited for on this thread. From inside a stage of the same
+        runtime (its worker thread), `Busy` at once: it would wait for itself."""
+        if self.session.in_own_stage():
+            raise Busy(
+                f"recursive native session run on the runtime of {self.session.label!r}: a "
+                "stage cannot wait for a stage of its own runtime"
+            )
+        result: R = self._blocking.call_async(self.session.run, stage)
+        return result
 
 
 class BlockingRuntime:
@@ -263,6 +293,13 @@ class BlockingRuntime:
 
     def gpus(self) -> tuple[GpuDevice, ...]:
         return self.call(self.runtime.gpus)
+
+    def native_session(
+        self, state: T, fence: Callable[[T], Any], gpu: int = 0, label: str = "native-session"
+    ) -> BlockingNativeSession[T]:
+        """`Runtime.native_session`, whose `run(stage)` blocks this thread instead."""
+        session = self.call(self.runtime.native_session, state, fence, gpu, label)
+        return BlockingNativeSession(self, session)
 
     def owns(self, view: View | Buffer) -> bool:
         return self.runtime.owns(view)

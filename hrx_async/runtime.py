@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ._core import validate as _validate
 from ._core.contract import Access, KernelContract, check_dims
@@ -32,6 +32,7 @@ from ._core.memory import (
 from ._core.stats import Counters, Statistics
 from ._core.trace import ExecutionTrace, TraceRecorder
 from ._runtime.interop import GpuAccess
+from ._runtime.native import NativeSession
 from ._runtime.prepared import PreparedGraph
 from ._runtime.scheduler import Scheduler
 from ._runtime.session import NPU_CHOICES, Session
@@ -42,6 +43,8 @@ from .errors import (
     ContractError,
     RuntimeClosed,
 )
+
+T = TypeVar("T")
 
 _MAX_SIM_NPUS = 64
 """Each sim NPU is a lane task; more than this is a mistake, not a machine."""
@@ -236,6 +239,18 @@ class Runtime:
         each = getattr(backend, "devices", None)
         target = each[checked].target if isinstance(each, tuple) else backend.target
         return GpuDevice(backend.name, self._devices[checked], target, checked)
+
+    def native_session(
+        self, state: T, fence: Callable[[T], Any], gpu: int = 0, label: str = "native-session"
+    ) -> NativeSession[T]:
+        """A third-party stage (a library with its own streams and memory) run in this
+        runtime's order on GPU `gpu`'s compute lane: `await session.run(stage)` (see
+        `NativeSession`). `fence(state)` must drain every stream `state` uses; it runs after
+        every stage, failed ones too."""
+        self.gpu(gpu)  # checks the number
+        if not isinstance(label, str):
+            raise ContractError(f"label must be a str, got {label!r}")
+        return NativeSession(self._scheduler_or_raise, id(self), state, fence, gpu, label)
 
     def gpus(self) -> tuple[GpuDevice, ...]:
         """Every GPU of the runtime, in `devices` order."""

@@ -27,6 +27,8 @@ class LaneRunner:
         self.wakeup: anyio.Event | None = None
         self.closing = False
         self.current: RegionRun | None = None
+        self.held = False
+        """A native stage runs with this lane to itself: nothing behind it may start."""
         """The region this lane's task is issuing (it may be waiting for dependencies)."""
 
     @property

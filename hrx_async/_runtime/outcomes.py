@@ -40,6 +40,7 @@ class Outcomes:
     max_submissions: int
     waiting: collections.deque[Submission]
     live: int
+    unfinished: dict[Submission, None]
     idle: anyio.Event | None
 
     def _admit(self, submission: Submission) -> None:
@@ -204,6 +205,7 @@ class Outcomes:
         if submission.admitted:
             self.in_flight -= 1
         self.live -= 1
+        del self.unfinished[submission]
         waiting = self.waiting
         while waiting and self.in_flight < self.max_submissions:
             self._admit(waiting.popleft())

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from .._core.graph import RegionPlan
 from .._core.lane import Lane
 from .._core.stats import Counters
 from .._core.trace import TraceRecorder
@@ -42,6 +43,7 @@ from ..errors import (
     RuntimeClosed,
 )
 from .completion import Completion
+from .hold import LaneHold
 from .host import AsyncHostProgram
 from .lane_task import LaneRunner
 from .notify import LoopNotifier
@@ -90,6 +92,8 @@ class Scheduler(Outcomes):
         self.in_flight = 0
         self.waiting: collections.deque[Submission] = collections.deque()
         self.live = 0
+        self.unfinished: dict[Submission, None] = {}
+        """Submissions not finished yet, in submission order (what a native stage follows)."""
         self.idle: anyio.Event | None = None
         self.trace: TraceRecorder | None = None
         self.trace_origin = 0.0
@@ -205,6 +209,7 @@ class Scheduler(Outcomes):
         submission.remaining = len(runs)
         self.counters.submissions += 1
         self.live += 1
+        self.unfinished[submission] = None
         if early is not None:
             submission.completion.submitted_at = started  # it was submitted before it existed
             self._admit(submission, early, started)
@@ -213,6 +218,61 @@ class Scheduler(Outcomes):
         else:
             self.waiting.append(submission)
         return submission.completion
+
+    def submit_hold(self, label: str, key: tuple[Lane, int], hold: LaneHold) -> Completion:
+        """Admit a native stage (`NativeSession.run`): one region that takes lane `key` to
+        itself once every submission before it has finished (any lane, conflicting or
+        not), runs `hold` off the loop, then gives the lane back. Regions of that lane
+        submitted after it wait behind it, in the lane's order; other lanes go on.
+
+        Stages count against `max_submissions` like submissions: beyond it, `Busy`.
+        """
+        if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
+            self._refuse()
+        if self.live >= self.max_submissions:
+            raise Busy(
+                f"native session capacity exhausted: {self.live} submissions and stages are "
+                f"pending (max_submissions={self.max_submissions})"
+            )
+        hold.older = [submission.completion for submission in self.unfinished]
+        submission = Submission(self, label, ())
+        plan = RegionPlan(0, key[0], (), (), (), (), 0, gpu=key[1])
+        submission.runs.append(RegionRun(submission, plan, hold, None, [0.0], key))
+        submission.remaining = 1
+        self.counters.submissions += 1
+        self.live += 1
+        self.unfinished[submission] = None
+        if self.in_flight < self.max_submissions and not self.waiting:
+            self._admit(submission)
+        else:
+            self.waiting.append(submission)
+        return submission.completion
+
+    async def _hold(self, run: RegionRun, hold: LaneHold) -> None:
+        """The lane task reached a native stage: wait for what came before, then hold."""
+        for completion in hold.older:
+            if not completion.done():
+                await completion.wait_done()
+        hold.older = []
+        if run.submission.cancelled or self.leaving:
+            self.finish(run, None, skipped=True)
+            return
+        if self.lost is not None:
+            self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
+            return
+        lane = self.lanes[run.key]
+        lane.held = True
+        run.state = ISSUED
+        run.started_at = time.perf_counter()
+        try:
+            with anyio.CancelScope(shield=True):
+                error = await hold.run()
+        except BaseException as exc:  # the worker thread could not run it at all
+            error = exc
+        finally:
+            lane.held = False
+        self.finish(run, error)
+        self._pump()  # what queued behind the stage may go now
 
     def _check_input_poison(self, prepared: PreparedGraph, buffer: Buffer) -> None:
         """Refuse a graph that reads poisoned bytes of `buffer` before writing them.
@@ -308,7 +368,7 @@ class Scheduler(Outcomes):
         Replays of work on one device therefore go to its queues at submit time, each
         behind device-side waits for what it follows, as a hand-written chain of streams
         and events would: nothing is left for `cancel()` to skip, and no lane task wakes."""
-        if isinstance(run.program, AsyncHostProgram):
+        if isinstance(run.program, AsyncHostProgram | LaneHold):
             return None
         if not run.deps:
             return _NO_WAITS
@@ -372,6 +432,9 @@ class Scheduler(Outcomes):
                 await dep.wait_finished()
         if run.state != QUEUED or run.outcome is not None:
             return  # issued meanwhile along with an earlier region of its submission
+        if isinstance(program, LaneHold):
+            await self._hold(run, program)
+            return
         if self.lost is not None:
             self.finish(run, DeviceLost(f"the device was lost ({self.lost})"))
             return
@@ -407,6 +470,8 @@ class Scheduler(Outcomes):
             while progress:
                 progress = False
                 for lane in self.lanes.values():
+                    if lane.held:
+                        continue  # a native stage holds it (`submit_hold`)
                     items = lane.items
                     head = lane.current
                     queued = head is None or head.state != QUEUED
