@@ -224,9 +224,12 @@ class BlockingRuntime:
 
     @property
     def closed(self) -> bool:
+        """True once `close()` ran (or the `with` block ended)."""
         return self._closed
 
     def on_loop_thread(self) -> bool:
+        """Whether the calling thread is the runtime's loop thread (where blocking calls are
+        refused)."""
         return threading.current_thread() is self._thread
 
     @contextmanager
@@ -278,20 +281,25 @@ class BlockingRuntime:
 
     @property
     def healthy(self) -> bool:
+        """`Runtime.healthy`: False once a sticky device error made the runtime `DeviceLost`."""
         return self.runtime.healthy
 
     @property
     def backend_name(self) -> str:
+        """`Runtime.backend_name`, read on the loop thread."""
         return self.call(lambda: self.runtime.backend_name)
 
     @property
     def memory_budget(self) -> MemoryBudget | None:
+        """`Runtime.memory_budget`: the budget allocations are charged to, or None."""
         return self.runtime.memory_budget
 
     def gpu(self, number: int = 0) -> GpuDevice:
+        """`Runtime.gpu(number)`, run on the loop thread; raises what it raises."""
         return self.call(self.runtime.gpu, number)
 
     def gpus(self) -> tuple[GpuDevice, ...]:
+        """`Runtime.gpus()`: every GPU of this runtime, in device order."""
         return self.call(self.runtime.gpus)
 
     def native_session(
@@ -302,17 +310,25 @@ class BlockingRuntime:
         return BlockingNativeSession(self, session)
 
     def owns(self, view: View | Buffer) -> bool:
+        """`Runtime.owns(view)`: whether the view or buffer belongs to this runtime."""
         return self.runtime.owns(view)
 
     def adopt_gpu_buffer(
         self, obj: Any, placement: Placement = GPU_LOCAL, label: str = ""
     ) -> Buffer:
+        """`Runtime.adopt_gpu_buffer` on the loop thread: a zero-copy buffer over another
+        library's GPU array."""
         return self.call(self.runtime.adopt_gpu_buffer, obj, placement, label)
 
     def npu(self, index: int = 0) -> _BlockingNpu:
+        """NPU `index`, whose `load_artifact` runs on the loop thread; raises what `Runtime.npu`
+        raises."""
         return _BlockingNpu(self, self.call(self.runtime.npu, index))
 
     def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
+        """`Runtime.allocate` on the loop thread: `nbytes` of zeroed memory at `placement`.
+
+        Raises what it raises (`ContractError`, `BudgetExceeded`, `RuntimeClosed`)."""
         return self.call(self.runtime.allocate, nbytes, placement, label)
 
     def free(self, buffer: Buffer) -> None:
@@ -329,6 +345,8 @@ class BlockingRuntime:
         defines: Mapping[str, str | int] | None = None,
         shared_bytes: int = 0,
     ) -> GpuKernel:
+        """`Runtime.load_gpu_kernel` on the loop thread: compiles or loads the kernel and checks
+        it against `contract`; raises what it raises (`ContractError`, `CompileError`)."""
         return self.call(
             self.runtime.load_gpu_kernel,
             source,
@@ -349,12 +367,18 @@ class BlockingRuntime:
         return BlockingPreparedGraph(self, self.call(self.runtime._prepare, plan))
 
     def statistics(self) -> Statistics:
+        """`Runtime.statistics()`: a frozen snapshot of the counters."""
         return self.call(self.runtime.statistics)
 
     def start_trace(self, capacity: int = 65536) -> None:
+        """`Runtime.start_trace(capacity)`: record region events into a ring buffer of `capacity`.
+
+        `ContractError` for a capacity below 1, `Busy` while a trace already runs."""
         self.call(self.runtime.start_trace, capacity)
 
     def finish_trace(self) -> ExecutionTrace | None:
+        """`Runtime.finish_trace()`: the `ExecutionTrace` recorded since `start_trace`, or None
+        when none runs."""
         return self.call(self.runtime.finish_trace)
 
     def drain(self) -> None:

@@ -220,10 +220,14 @@ class Runtime:
 
     @property
     def backend_name(self) -> str:
+        """The GPU backend this runtime opened (`sim`, `cuda`, `hip`). `RuntimeClosed` outside
+        `async with`."""
         return self._backend_or_raise().name
 
     @property
     def memory_budget(self) -> MemoryBudget | None:
+        """The `MemoryBudget` every allocation is charged to, or None when the runtime has no
+        ceiling."""
         return self._budget
 
     # -- devices and kernels ---------------------------------------------------
@@ -257,6 +261,10 @@ class Runtime:
         return tuple(self.gpu(number) for number in range(len(self._devices)))
 
     def npu(self, index: int = 0) -> NpuDevice:
+        """NPU `index` of this runtime, to load NPU programs on (`load_artifact`).
+
+        `ContractError` when `index` is not an int in `range(npus)` or the runtime has no NPU;
+        `RuntimeClosed` outside `async with`."""
         session = self._opened()
         session.scheduler_or_raise()
         npus = session.npu_count()
@@ -329,12 +337,18 @@ class Runtime:
         self._opened().release_buffer(buffer)
 
     def owns(self, view: View | Buffer) -> bool:
+        """Whether `view` (a `View` or a `Buffer`) was allocated by this runtime's domain.
+
+        `ContractError` for anything else."""
         buffer = view.buffer if isinstance(view, View) else view
         if not isinstance(buffer, Buffer):
             raise ContractError(f"owns() takes a View or a Buffer, got {_validate.shown(view)}")
         return buffer.domain is self.domain
 
     def same_domain(self, other: Runtime) -> bool:
+        """Whether `other` shares this runtime's allocation and scheduling domain.
+
+        `ContractError` when `other` is not a `Runtime`."""
         if not isinstance(other, Runtime):
             raise ContractError(f"same_domain() takes a Runtime, got {_validate.shown(other)}")
         return other.domain is self.domain
@@ -342,6 +356,10 @@ class Runtime:
     # -- graphs ----------------------------------------------------------------
 
     def graph(self, label: str = "graph") -> Graph[PreparedGraph]:
+        """A new, empty `Graph` to record fills, copies, kernels and host functions into.
+
+        Each recording call checks its arguments at once; `prepare()` returns a `PreparedGraph`
+        of this runtime. `RuntimeClosed` outside `async with` or after closing."""
         session = self._opened()
         session.scheduler_or_raise()
         return Graph(self.domain, label, session.prepare)
@@ -352,6 +370,8 @@ class Runtime:
     # -- statistics and trace --------------------------------------------------
 
     def statistics(self) -> Statistics:
+        """A frozen snapshot of the 13 counters (allocations, copies, submissions, native graphs,
+        ...); `to_dict()`/`to_json()` serialize it. Never waits and works after closing too."""
         snapshot = self._counters.snapshot()
         unique = self._session.backends() if self._session is not None else []
         return dataclasses.replace(

@@ -68,13 +68,16 @@ class Reservation:
         self.nbytes = nbytes
 
     def bytes(self) -> int:
+        """The bytes this reservation still holds: `nbytes` until released, then 0."""
         return self.nbytes if self._budget is not None else 0
 
     @property
     def released(self) -> bool:
+        """True once `release()` ran (or the `with` block ended)."""
         return self._budget is None
 
     def release(self) -> None:
+        """Return the bytes to the budget; a second call does nothing."""
         budget, self._budget = self._budget, None
         if budget is not None and self.nbytes:
             budget.release(self.nbytes)
@@ -139,6 +142,8 @@ class MemoryBudget:
 
     @property
     def available_bytes(self) -> int:
+        """Bytes that can still be reserved now: `limit - reserved_bytes` (never waits, never
+        evicts)."""
         return self.limit - self.reserved_bytes
 
     def _add_live(self, nbytes: int) -> bool:
@@ -208,6 +213,10 @@ class MemoryBudget:
                 raise self._busy(n)
 
     def release(self, nbytes: int) -> None:
+        """Give back `nbytes` reserved earlier (a `Reservation` does this for you).
+
+        `ContractError` when `nbytes` is not an int ≥ 1 or exceeds what is reserved; nothing
+        changes then."""
         nbytes = _validate.integer(nbytes, "a memory budget release (bytes)", 1)
         with self._lock:
             if nbytes > self._live:

@@ -62,6 +62,8 @@ class Binding:
         object.__setattr__(self, "alignment", alignment)
 
     def describe(self, index: int) -> str:
+        """How error messages name this binding: `binding INDEX`, with its `layout` label when it
+        has one."""
         label = f" ({self.layout})" if self.layout else ""
         return f"binding {index}{label}"
 
@@ -160,39 +162,78 @@ class Constants:
         return self
 
     def u8(self, value: int) -> Constants:
+        """Append `value` as a little-endian unsigned 8-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("u8", value)
 
     def u16(self, value: int) -> Constants:
+        """Append `value` as a little-endian unsigned 16-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("u16", value)
 
     def u32(self, value: int) -> Constants:
+        """Append `value` as a little-endian unsigned 32-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("u32", value)
 
     def u64(self, value: int) -> Constants:
+        """Append `value` as a little-endian unsigned 64-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("u64", value)
 
     def i8(self, value: int) -> Constants:
+        """Append `value` as a little-endian signed 8-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("i8", value)
 
     def i16(self, value: int) -> Constants:
+        """Append `value` as a little-endian signed 16-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("i16", value)
 
     def i32(self, value: int) -> Constants:
+        """Append `value` as a little-endian signed 32-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("i32", value)
 
     def i64(self, value: int) -> Constants:
+        """Append `value` as a little-endian signed 64-bit integer; returns `self` for chaining.
+
+        `ContractError` when `value` is not an int in the type's range; nothing is appended then."""
         return self._pack("i64", value)
 
     def f16(self, value: float) -> Constants:
+        """Append `value` as a little-endian IEEE half float; returns `self` for chaining.
+
+        `ContractError` when `value` is not a number or does not fit the type; nothing is
+        appended then."""
         return self._pack("f16", value)
 
     def f32(self, value: float) -> Constants:
+        """Append `value` as a little-endian IEEE single float; returns `self` for chaining.
+
+        `ContractError` when `value` is not a number or does not fit the type; nothing is
+        appended then."""
         return self._pack("f32", value)
 
     def f64(self, value: float) -> Constants:
+        """Append `value` as a little-endian IEEE double float; returns `self` for chaining.
+
+        `ContractError` when `value` is not a number or does not fit the type; nothing is
+        appended then."""
         return self._pack("f64", value)
 
     def bf16(self, value: float) -> Constants:
+        """Append `value` rounded to bfloat16 (round to nearest even, 2 bytes); returns `self`.
+
+        `ContractError` when `value` is not a number; nothing is appended then."""
         try:
             (number,) = struct.unpack("<d", struct.pack("<d", value))
         except (struct.error, OverflowError, TypeError) as exc:
@@ -201,6 +242,8 @@ class Constants:
         return self
 
     def to_bytes(self) -> bytes:
+        """The packed constants, in the order they were appended: what a GPU kernel receives
+        after its buffer pointers (and a `sim` kernel as its `constants` argument)."""
         return b"".join(self._parts)
 
     def __len__(self) -> int:

@@ -147,6 +147,8 @@ class Graph(Generic[P]):
 
     @property
     def nodes(self) -> tuple[Node, ...]:
+        """The nodes recorded so far, in recording order (a snapshot: later calls do not change
+        it)."""
         return tuple(self._nodes)
 
     # -- recording -------------------------------------------------------------------

@@ -70,9 +70,12 @@ class Placement:
 
     @property
     def gpu_bindable(self) -> bool:
+        """Whether GPU kernels may bind memory of this placement (everything but `npu_local`)."""
         return self.kind is not PlacementKind.NPU_LOCAL
 
     def npu_bindable(self, npu: int) -> bool:
+        """Whether NPU `npu`'s kernels may bind memory of this placement: `npu_local(npu)` or
+        `shared(npu)` only."""
         return self.kind in (PlacementKind.NPU_LOCAL, PlacementKind.SHARED) and self.npu == npu
 
     @property
@@ -201,13 +204,17 @@ class Buffer:
 
     @property
     def domain(self) -> Domain:
+        """The allocation domain of the runtime that owns this buffer (what `Runtime.owns`
+        compares)."""
         return self._owner.domain
 
     @property
     def freed(self) -> bool:
+        """True once `free()` released the memory; every later use raises `ContractError`."""
         return self._released
 
     def check_alive(self) -> None:
+        """Raise `ContractError` if this buffer was freed; otherwise do nothing."""
         if self._released:
             raise ContractError(f"{self.label} was freed; allocate a new buffer")
 
@@ -232,15 +239,31 @@ class Buffer:
         self.storage = None
 
     def map_read(self) -> AbstractAsyncContextManager[memoryview]:
+        """`async with buf.map_read() as memory:` maps the whole buffer read-only: `View.map_read`
+        of `view()`.
+
+        Waits for conflicting submitted work; `Unsupported` for `GPU_LOCAL` memory."""
         return self.view().map_read()
 
     def map_write(self) -> AbstractAsyncContextManager[memoryview]:
+        """`async with buf.map_write() as memory:` maps the whole buffer writable: `View.map_write`
+        of `view()`.
+
+        Waits for conflicting submitted work; the host becomes the bytes' last writer;
+        `Unsupported` for `GPU_LOCAL` memory."""
         return self.view().map_write()
 
     def map_read_nowait(self) -> HostMapping:
+        """Map the whole buffer read-only now (`with buf.map_read_nowait() as memory:`).
+
+        `Busy` when conflicting work is pending; `Unsupported` for `GPU_LOCAL` memory."""
         return self.view().map_read_nowait()
 
     def map_write_nowait(self) -> HostMapping:
+        """Map the whole buffer writable now (`with buf.map_write_nowait() as memory:`).
+
+        `Busy` when conflicting work is pending or another mapping of these bytes is live;
+        `Unsupported` for `GPU_LOCAL` memory."""
         return self.view().map_write_nowait()
 
     def __repr__(self) -> str:
@@ -283,6 +306,7 @@ class View:
 
     @property
     def end(self) -> int:
+        """One past the view's last byte: `offset + nbytes`."""
         return self.offset + self.nbytes
 
     def slice(self, offset: int = 0, nbytes: int | None = None) -> View:
@@ -322,6 +346,7 @@ class View:
         return View._make(self.buffer, self.offset + start, stop - start)
 
     def overlaps(self, other: View) -> bool:
+        """True when both views are of the same buffer and share at least one byte."""
         return self.buffer is other.buffer and self.offset < other.end and other.offset < self.end
 
     def map_read(self) -> AbstractAsyncContextManager[memoryview]:
@@ -337,6 +362,8 @@ class View:
         return self.buffer._owner._map_nowait(self, write=False)
 
     def map_write_nowait(self) -> HostMapping:
+        """Map writable now, or raise `Busy` if conflicting work is pending or a mapping of these
+        bytes is live (a context manager; the host becomes their writer)."""
         return self.buffer._owner._map_nowait(self, write=True)
 
     def __dlpack__(
@@ -400,6 +427,8 @@ class HostMapping:
         self._release: Callable[[], None] | None = release
 
     def close(self) -> None:
+        """End the mapping: the `memoryview` is released and conflicting submits may run again.
+        Idempotent; `with` calls it."""
         release, self._release = self._release, None
         if release is not None:
             self.memory.release()

@@ -66,6 +66,8 @@ class TraceEvent:
 
     @property
     def thread_id(self) -> int:
+        """The Chrome-trace `tid` of this event: its lane number, offset per device so each GPU
+        gets its own rows."""
         return int(self.lane) + TID_STRIDE * self.device
 
     @property

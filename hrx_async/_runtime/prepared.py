@@ -112,14 +112,17 @@ class PreparedGraph:
 
     @property
     def label(self) -> str:
+        """The label the graph was recorded under (`rt.graph(label)`), used in errors and traces."""
         return self.plan.label
 
     @property
     def nodes(self) -> tuple[Node, ...]:
+        """The graph's nodes, in recording order."""
         return self.plan.nodes
 
     @property
     def regions(self) -> tuple[RegionPlan, ...]:
+        """The regions the nodes were cut into: each a lane and the nodes it runs, in order."""
         return self.plan.regions
 
     @property
@@ -134,6 +137,7 @@ class PreparedGraph:
 
     @property
     def writes(self) -> tuple[Interval, ...]:
+        """Per buffer, the merged byte intervals the graph writes."""
         return self.plan.writes
 
     def submit(self, after: Iterable[Completion] = ()) -> Completion:

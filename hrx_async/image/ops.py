@@ -62,6 +62,7 @@ class ImageStats:
     kernels_loaded: int
 
     def to_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (JSON-serializable)."""
         return dataclasses.asdict(self)
 
 
@@ -118,6 +119,8 @@ class ImageOps:
         self.kernels_loaded = 0
 
     def stats(self) -> ImageStats:
+        """The plan cache's counters (capacity, entries, hits, misses, evictions) and how many
+        kernels were loaded."""
         s = self.plans.stats()
         return ImageStats(s.capacity, s.entries, s.hits, s.misses, s.evictions, self.kernels_loaded)
 

@@ -117,13 +117,16 @@ class RgbOps:
         self.plans = ResultPlans(capacity, "rgb plans")
 
     def stats(self) -> PlanCacheStats:
+        """The plan cache's counters: capacity, entries, hits, misses, evictions."""
         return self.plans.stats()
 
     @property
     def kernels_loaded(self) -> int:
+        """How many GPU kernels the plans loaded so far (each once per runtime)."""
         return self.plans.kernels_loaded
 
     async def clear(self) -> None:
+        """Evict every idle plan and free its memory; plans still in use stay."""
         await self.plans.clear()
 
     async def resize_rgb(self, src: Tensor, resize: RgbResize) -> Result:

@@ -502,13 +502,17 @@ class Hold(Generic[V]):
 
     @property
     def value(self) -> V:
+        """The held value. `RuntimeClosed` once released."""
         return self._held().value  # type: ignore[return-value]
 
     @property
     def released(self) -> bool:
+        """True once `release()` ran."""
         return self._entry is None
 
     def release(self) -> None:
+        """Let the entry be evicted again (once nobody else holds it). Idempotent; `with` calls
+        it."""
         entry, self._entry = self._entry, None
         if entry is not None:
             self._table.unhold(entry)

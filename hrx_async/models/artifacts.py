@@ -275,10 +275,12 @@ class Weights(Mapping[str, Tensor]):
 
     @property
     def buffers(self) -> list[Buffer]:
+        """The runtime buffer of each tensor, in the tensors' order."""
         return [t.view.buffer for t in self.tensors.values()]
 
     @property
     def nbytes(self) -> int:
+        """The bytes all the buffers take together (what the weights charge to a budget)."""
         return sum(b.nbytes for b in self.buffers)
 
     def __getitem__(self, name: str) -> Tensor:

@@ -62,13 +62,16 @@ class SlotLease:
 
     @property
     def index(self) -> int:
+        """Which slot of the prepared model this lease holds. `ContractError` once released."""
         return self._held().index
 
     @property
     def io(self) -> SlotIO:
+        """The slot's inputs and outputs (`SlotIO`). `ContractError` once released."""
         return self._held().resources
 
     def release(self) -> None:
+        """Give the slot back to its model (once its last submission finishes). Idempotent."""
         slot, self._slot = self._slot, None
         if slot is not None:
             slot.release()
@@ -106,6 +109,7 @@ class Inference:
         ]
 
     async def wait(self) -> None:
+        """Wait until the run finished; raises its error (`ExecutionError`, `Cancelled`, ...)."""
         await self.completion
 
     async def download(self) -> list[bytes]:

@@ -37,6 +37,7 @@ class LeasedView(View):
 
     @classmethod
     def of(cls, view: View, lease: object) -> LeasedView:
+        """A view over the same bytes as `view` that keeps `lease` alive as long as it lives."""
         binding = object.__new__(cls)
         object.__setattr__(binding, "buffer", view.buffer)
         object.__setattr__(binding, "offset", view.offset)
@@ -87,8 +88,11 @@ class DeviceTensor:
         self.lease = lease
 
     dtype = property(lambda self: self.desc.dtype)
+    """The element type (`desc.dtype`)."""
     shape = property(lambda self: self.desc.shape)
+    """The shape, in elements (`desc.shape`)."""
     nbytes = property(lambda self: self.desc.nbytes)
+    """The full extent in bytes (`desc.nbytes`)."""
 
     def binding(self) -> LeasedView | None:
         """The tensor's bytes as a view that retains the lease (None when empty)."""
@@ -102,6 +106,7 @@ class DeviceTensor:
         return [] if producer is None or producer.done() else [producer]
 
     def with_producer(self, producer: Completion | None) -> DeviceTensor:
+        """The same tensor and lease, ordered after `producer` instead (None: after nothing)."""
         return DeviceTensor(self.desc, self.view, producer, self.lease)
 
     def view_as(self, offset: int, desc: TensorDesc) -> DeviceTensor:

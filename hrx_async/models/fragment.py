@@ -112,6 +112,8 @@ class ModelDefinition:
         return self.fragment(commands, inputs, outputs).prepare(slots, label)
 
     def weight_view(self, region: Region) -> View:
+        """The view of the weight `region` in this definition's weight buffer (a region the
+        definition was given weights for)."""
         buffer = region.record.buffer
         assert buffer is not None and region.weight
         return buffer.view(region.offset, region.nbytes)

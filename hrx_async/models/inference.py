@@ -112,6 +112,7 @@ class ModelContext:
         return staging, False
 
     def allocate(self, nbytes: int, placement: Placement, label: str = "") -> Buffer:
+        """`Runtime.allocate` on this context's runtime; raises what it raises."""
         return self.runtime.allocate(nbytes, placement, label)
 
     def tensor(self, desc: TensorDesc, placement: Placement, label: str = "") -> Tensor:
@@ -299,6 +300,8 @@ class ModelContext:
         return graph.prepare()
 
     async def copy(self, dst: Tensor, src: Tensor) -> None:
+        """Copy `src` into `dst` and wait for it (one small graph); `ContractError` when their
+        dtype or size differs."""
         await self.copy_graph(dst, src).submit()
 
 
@@ -325,18 +328,22 @@ class ModelSlot:
 
     @property
     def index(self) -> int:
+        """Which slot of the prepared model this is."""
         return self._slot.index
 
     @property
     def io(self) -> SlotIO:
+        """The slot's inputs and outputs (`SlotIO`), built by the model's factory."""
         return self._slot.resources
 
     @property
     def inputs(self) -> dict[str, Tensor]:
+        """The slot's input tensors, by name."""
         return self.io.inputs
 
     @property
     def outputs(self) -> dict[str, Tensor]:
+        """The slot's output tensors, by name."""
         return self.io.outputs
 
     def _staging(self, name: str, tensor: Tensor, upload: bool) -> tuple[Tensor, PreparedGraph]:
@@ -366,6 +373,10 @@ class ModelSlot:
         await self._slot.submit(graph)
 
     async def read(self, name: str) -> np.ndarray[Any, Any]:
+        """Output `name` as a numpy array, once the slot's work on it finished (device memory goes
+        through host staging, made on first use and reused).
+
+        `ContractError` for a name that is not an output."""
         tensor = self.outputs.get(name)
         if tensor is None:
             raise ContractError(f"no output {name!r}; outputs: {sorted(self.outputs)}")
@@ -380,6 +391,7 @@ class ModelSlot:
         return self._slot.submit(self.io.graph)
 
     async def run(self) -> None:
+        """Submit the slot's graph and wait for it; raises its error."""
         await self.submit()
 
 
@@ -462,6 +474,7 @@ class PreparedModel:
 
     @property
     def slots(self) -> int:
+        """How many slots the model was prepared with."""
         return self.pool.size
 
     @property

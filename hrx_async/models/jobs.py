@@ -49,6 +49,7 @@ logger = logging.getLogger("hrx_async.models.jobs")
 
 
 class JobState(enum.Enum):
+    """Where a job is: `QUEUED`, `RUNNING` (a worker runs its function) or `DONE`."""
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
@@ -92,12 +93,15 @@ class Job:
 
     @property
     def cancel_requested(self) -> bool:
+        """True once `cancel()` was called, even if the job ran on to the end."""
         return self._cancel_requested
 
     def done(self) -> bool:
+        """True once the job finished: returned, failed or was cancelled."""
         return self.state is JobState.DONE
 
     def cancelled(self) -> bool:
+        """True when the job is done and its outcome is `Cancelled`."""
         return self.state is JobState.DONE and isinstance(self._error, Cancelled)
 
     def result(self) -> Any:
@@ -109,6 +113,9 @@ class Job:
         return self._result
 
     def exception(self) -> BaseException | None:
+        """The job's error, or None when it returned.
+
+        `Busy` while it is not done yet (await it first)."""
         if self.state is not JobState.DONE:
             raise Busy(f"job {self.ident} is {self.state.value}; await it")
         return self._error
@@ -230,6 +237,7 @@ class Jobs:
 
     @property
     def running(self) -> int:
+        """Jobs a worker is running now."""
         return self._running
 
     def submit(

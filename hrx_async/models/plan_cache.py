@@ -46,6 +46,7 @@ class PlanCacheStats:
     evictions: int
 
     def to_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (JSON-serializable)."""
         return dataclasses.asdict(self)
 
 
@@ -88,6 +89,7 @@ class PlanCache(Generic[V]):
 
     @property
     def capacity(self) -> int:
+        """The most plans the cache keeps; a full cache evicts the least recently used idle one."""
         return self._table.budget
 
     def __len__(self) -> int:
@@ -104,6 +106,7 @@ class PlanCache(Generic[V]):
         return [k for k, e in self._table.entries.items() if e.state is State.READY]
 
     def stats(self) -> PlanCacheStats:
+        """The counters: capacity, entries, hits, misses, evictions."""
         table = self._table
         return PlanCacheStats(
             table.budget, len(table.entries), table.hits, table.misses, table.evictions

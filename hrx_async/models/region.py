@@ -95,18 +95,22 @@ class Region:
 
     @property
     def end(self) -> int:
+        """One past the region's last byte within its allocation: `offset + nbytes`."""
         return self.offset + self.nbytes
 
     @property
     def record(self) -> Allocation:
+        """The planned allocation the region lies in."""
         return self.arena.allocations[self.allocation]
 
     @property
     def weight(self) -> bool:
+        """Whether the region lies in a weight allocation (bound to a definition's weights)."""
         return self.record.weight
 
     @property
     def placement(self) -> Placement:
+        """Where the region's allocation lives (`Placement`)."""
         return self.record.placement
 
     def slice(self, offset: int, nbytes: int) -> Region:
@@ -121,12 +125,15 @@ class Region:
         return Region(self.arena, self.allocation, self.offset + offset, nbytes)
 
     def read(self) -> RegionBinding:
+        """This region bound for reading (a `RegionBinding` for a dispatch)."""
         return RegionBinding(self, Access.READ)
 
     def write(self) -> RegionBinding:
+        """This region bound for writing (a `RegionBinding` for a dispatch)."""
         return RegionBinding(self, Access.WRITE)
 
     def read_write(self) -> RegionBinding:
+        """This region bound for reading and writing (a `RegionBinding` for a dispatch)."""
         return RegionBinding(self, Access.READ_WRITE)
 
     def __eq__(self, other: object) -> bool:

@@ -72,6 +72,7 @@ class ResidencyStats:
     misses: int
 
     def to_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (JSON-serializable)."""
         return dataclasses.asdict(self)
 
 
@@ -162,11 +163,15 @@ class UnitBudget:
         self._guards = guards
 
     def reserve(self, nbytes: int) -> Reservation:
+        """`MemoryBudget.reserve(nbytes)`, recorded for the entry so its eviction or a failed
+        load releases it. Raises what `reserve` raises (`ContractError`, `BudgetExceeded`)."""
         guard = self.budget.reserve(nbytes)
         self._keep(guard)
         return guard
 
     async def reserve_wait(self, nbytes: int) -> Reservation:
+        """`MemoryBudget.reserve_wait(nbytes)` (waits for room), recorded for the entry like
+        `reserve`."""
         guard = await self.budget.reserve_wait(nbytes)
         self._keep(guard)
         return guard
@@ -193,6 +198,7 @@ class Pin:
         entry.pins += 1
 
     def release(self) -> None:
+        """Let the pinned entry be evicted again (once no other pin holds it). Idempotent."""
         table, self._table = self._table, None
         if table is not None:
             self._entry.pins -= 1
@@ -252,6 +258,8 @@ class Residency(Generic[V]):
 
     @property
     def budget_bytes(self) -> int:
+        """The byte ceiling resident values share (with runtime allocations made through
+        `budget`)."""
         return self._table.budget
 
     @property
@@ -261,13 +269,16 @@ class Residency(Generic[V]):
 
     @property
     def resources(self) -> int:
+        """How many values are resident."""
         return len(self._table.entries)
 
     @property
     def evictions(self) -> int:
+        """How many values were evicted so far."""
         return self._table.evictions
 
     def stats(self) -> ResidencyStats:
+        """The counters: budget, reserved bytes, resident values, evictions, hits, misses."""
         t = self._table
         return ResidencyStats(
             t.budget, self.reserved_bytes, len(t.entries), t.evictions, t.hits, t.misses

@@ -124,6 +124,7 @@ class ModelSession:
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
+        """The keys recorded so far, in recording order."""
         return tuple(self._graphs)
 
     # -- storage ---------------------------------------------------------------------

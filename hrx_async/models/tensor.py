@@ -32,6 +32,7 @@ from . import _check
 
 
 class DType(enum.Enum):
+    """An element type of tensors; `itemsize` and `numpy` give its size and numpy dtype."""
     U8 = "u8"
     F16 = "f16"
     BF16 = "bf16"
@@ -100,6 +101,8 @@ _BY_NAME = {d.value: d for d in DType} | {
 
 
 class Layout(enum.Enum):
+    """How a tensor's dimensions are meant: `GENERAL`, `NCHW` or `NHWC` (rank 4), `ROWS` (rank
+    2)."""
     GENERAL = "general"
     NCHW = "nchw"
     NHWC = "nhwc"
@@ -179,18 +182,22 @@ class TensorDesc:
 
     @property
     def rank(self) -> int:
+        """The number of dimensions (0 for a scalar)."""
         return len(self.shape)
 
     @property
     def numel(self) -> int:
+        """The number of elements (1 for a scalar, 0 when a dimension is 0)."""
         return math.prod(self.shape)
 
     @property
     def empty(self) -> bool:
+        """True when some dimension is 0 (no elements, no bytes)."""
         return self.numel == 0
 
     @property
     def contiguous(self) -> bool:
+        """True when the strides are row-major for the shape."""
         return self.strides == row_major(self.shape)
 
     @property
@@ -203,6 +210,7 @@ class TensorDesc:
 
     @property
     def byte_strides(self) -> tuple[int, ...]:
+        """The strides in bytes (`strides` are in elements)."""
         return tuple(s * self.dtype.itemsize for s in self.strides)
 
     @classmethod
@@ -336,8 +344,11 @@ class Tensor:
         self.view = view
 
     dtype = property(lambda self: self.desc.dtype)
+    """The element type (`desc.dtype`)."""
     shape = property(lambda self: self.desc.shape)
+    """The shape, in elements (`desc.shape`)."""
     nbytes = property(lambda self: self.desc.nbytes)
+    """The full extent in bytes (`desc.nbytes`)."""
 
     @property
     def data(self) -> View:
@@ -431,6 +442,7 @@ def bf16_from_f32(values: Any) -> np.ndarray[Any, np.dtype[np.uint16]]:
 
 
 def f32_from_bf16(bits: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """float32 values of bf16 bit patterns (exact: bf16 is the top half of a float32)."""
     return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 

@@ -52,6 +52,7 @@ class Health:
     backend: str | None = None
 
     def to_dict(self) -> dict[str, object]:
+        """The `/healthz` body: `ok`, `state` and `backend`."""
         return {"ok": self.ok, "state": self.state, "backend": self.backend}
 
 
@@ -167,6 +168,8 @@ class RuntimeService(Generic[T]):
     # -- health and metrics ------------------------------------------------------------
 
     def health(self) -> Health:
+        """The worker's health now: `ok` only while the runtime runs and its device is sound
+        (state `starting`, `running`, `device_lost` or `closed`). Never raises."""
         runtime = self._runtime
         if runtime is None or self._state != "running":
             return Health(False, self._state)
@@ -175,6 +178,7 @@ class RuntimeService(Generic[T]):
         return Health(True, "running", runtime.backend_name)
 
     def statistics(self) -> Statistics:
+        """The runtime's counters (`Runtime.statistics()`); `RuntimeClosed` while it is not open."""
         return self.runtime.statistics()
 
     def add_routes(

@@ -106,16 +106,20 @@ class Slot(Generic[T]):
 
     @property
     def index(self) -> int:
+        """Which slot of the pool this is (0 to size - 1). `RuntimeClosed` once released."""
         return self._held().index
 
     @property
     def resources(self) -> T:
+        """What the pool's `build(runtime, index)` returned for this slot. `RuntimeClosed` once
+        released."""
         state = self._held()
         assert state.built
         return state.resources  # type: ignore[return-value]
 
     @property
     def released(self) -> bool:
+        """True once the slot went back to the pool (the `async with` block ended)."""
         return self._state is None
 
     def submit(self, prepared: PreparedGraph, after: Iterable[Completion] = ()) -> Completion:
@@ -365,6 +369,11 @@ class Batcher(Generic[T, In, Out]):
         """Items run so far (items / batches is the mean batch size)."""
 
     async def submit(self, item: In) -> Out:
+        """Run `item` in the next batch and return its result (`run`'s result at its index).
+
+        A lone request runs at once; requests arriving while it waits for a slot join it, up to
+        `capacity`. A failing `run`, or one returning the wrong number of results (`ContractError`),
+        raises in every request of the batch. Cancelling one request does not cancel the batch."""
         batch = self._open
         leader = batch is None
         if batch is None:

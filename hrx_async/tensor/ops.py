@@ -65,13 +65,16 @@ class TensorOps:
         self._empty: tuple[ResultPlan[None], Buffer, PreparedGraph] | None = None
 
     def stats(self) -> PlanCacheStats:
+        """The plan cache's counters: capacity, entries, hits, misses, evictions."""
         return self.plans.stats()
 
     @property
     def kernels_loaded(self) -> int:
+        """How many GPU kernels the plans loaded so far (each once per runtime)."""
         return self.plans.kernels_loaded
 
     async def clear(self) -> None:
+        """Evict every idle plan and free its memory; plans still in use stay."""
         await self.plans.clear()
 
     # -- the operations --------------------------------------------------------------
