@@ -135,6 +135,7 @@ class BlockingNativeSession(Generic[T]):
 
     @property
     def quarantined(self) -> bool:
+        """A fence failed: the session refuses every stage from now on."""
         return self.session.quarantined
 
     def run(self, stage: Callable[[T], R]) -> R:

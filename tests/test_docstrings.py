@@ -29,16 +29,6 @@ NAMESPACES = (
     "hrx_async.errors",
 )
 
-# Public names whose docstring belongs in a module being rewritten now (the completion's hot
-# path, hrx_async/_runtime/completion.py); the test below fails once they have one, so this
-# set only shrinks.
-AWAITING_THE_HOT_PATH_REWRITE = frozenset(
-    {
-        "hrx_async.Completion.done",
-        "hrx_async.Completion.exception",
-        "hrx_async.Completion.profile",
-    }
-)
 
 
 @cache
@@ -202,13 +192,8 @@ def test_the_check_finds_what_it_checks() -> None:
 
 
 def test_every_public_name_has_a_docstring() -> None:
-    missing = [name for name in undocumented() if name not in AWAITING_THE_HOT_PATH_REWRITE]
+    missing = undocumented()
     assert not missing, f"{len(missing)} public names lack a docstring:\n" + "\n".join(missing)
-
-
-def test_the_waiting_list_only_shrinks() -> None:
-    documented = AWAITING_THE_HOT_PATH_REWRITE - set(undocumented())
-    assert not documented, f"documented now, remove from the list: {sorted(documented)}"
 
 
 if __name__ == "__main__":  # python tests/test_docstrings.py: the list, one a line

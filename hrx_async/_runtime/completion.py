@@ -189,6 +189,7 @@ class Completion:
     # -- public ----------------------------------------------------------------
 
     def done(self) -> bool:
+        """Whether the submission has finished (ran, failed or was cancelled); never waits."""
         return self.finished_at is not None
 
     def result(self) -> None:
@@ -199,6 +200,7 @@ class Completion:
             raise self._error
 
     def exception(self) -> BaseException | None:
+        """The submission's error (None if it succeeded); `Busy` if it has not finished."""
         if self.finished_at is None:
             raise Busy(f"submission of {self.label!r} has not finished")
         return self._error
@@ -294,6 +296,8 @@ class Completion:
 
     @property
     def profile(self) -> CompletionProfile:
+        """How long it took from `submit()` to finishing, and how long it queued before its
+        first region started (µs); `Busy` if it has not finished."""
         if self.finished_at is None:
             raise Busy(f"submission of {self.label!r} has not finished; no profile yet")
         queue_us = None
