@@ -49,6 +49,7 @@ from .common import (
     ExampleSpec,
     Report,
     UsageError,
+    check_output_file,
     main_for,
     parse_count,
 )
@@ -101,7 +102,7 @@ def parse(args: Sequence[str]) -> Params:
         raise UsageError(
             f"{RANGES} (got gpu-elements={elements}, npu-matrices={matrices}, samples={samples})"
         )
-    trace_path = Path(args[3]) if len(args) > 3 else None
+    trace_path = check_output_file(args[3], "trace.json") if len(args) > 3 else None
     return Params(elements, matrices, samples, trace_path, npu)
 
 

@@ -29,6 +29,7 @@ from ..examples.common import (
     LOOPS,
     Report,
     UsageError,
+    check_output_file,
     run_on_loop,
     stderr_progress,
 )
@@ -38,6 +39,8 @@ DEMO_MATRICES = 16384
 DEMO_SAMPLES = 101
 DEMO_TRACE = "hrx-trace.json"
 DEMO_TIMELINE = "hrx-timeline.png"
+
+QUIET_HELP = "no progress messages on stderr"
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -77,6 +80,10 @@ def demo_command(args: argparse.Namespace) -> int:
     from ..examples import gpu_npu_parallel
     from .plot import check_picture_path
 
+    # Both files are written after seconds of work: a path that cannot be written to is a
+    # usage error now, not a failure then.
+    check_output_file(args.trace, "--trace")
+    check_output_file(args.timeline, "--timeline")
     try:
         check_picture_path(args.timeline)
     except ContractError as exc:
@@ -283,6 +290,7 @@ def run_command(args: argparse.Namespace) -> int:
 def trace_plot_command(args: argparse.Namespace) -> int:
     from .plot import check_picture_path, plot_timeline, read_trace_text, timeline_from_text
 
+    check_output_file(args.output, "-o")
     try:
         check_picture_path(args.output)
         # A trace argument naming no text file (a picture, a directory, a FIFO) is a
@@ -317,7 +325,7 @@ def build_parser() -> Parser:
         description="Coordinate GPU and NPU work from async Python: demo, info, benchmarks.",
     )
     parser.add_argument("--version", action="version", version=f"hrx-async {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
 
@@ -397,6 +405,12 @@ def build_parser() -> Parser:
     from ..backends import kernel_cache
 
     kernel_cache.register_cli(commands, compiler=_cuda_compiler)
+    # `-q` also after the command (`hrx-async demo -q`), as the README writes it. SUPPRESS
+    # keeps a `-q` given before the command when none follows it.
+    for sub in commands.choices.values():
+        sub.add_argument(
+            "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP
+        )
     return parser
 
 
