@@ -50,6 +50,7 @@ from .poison import PoisonBook
 from .region import (
     DONE,
     ISSUED,
+    PASSED,
     QUEUED,
     RUNNING_HOST_REGION,
     SKIPPED,
@@ -277,6 +278,7 @@ class Scheduler(Outcomes):
         if first is not None:
             run = runs[0]
             run.state = ISSUED
+            run.verdict = PASSED  # launched with no check: nothing can skip it now
             run.started_at = started
             if isinstance(first, BaseException):
                 self.finish(run, first)
