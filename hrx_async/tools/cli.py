@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -239,7 +240,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 class _Ordered(argparse.Action):
-    """Appends (option kind, value) to one shared list, keeping the command line's order."""
+    """Appends (option kind, value) to one shared list, keeping the command line's order.
+    The kind is the option's `const` (its name without dashes)."""
 
     def __call__(
         self,
@@ -249,12 +251,20 @@ class _Ordered(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         items = list(getattr(namespace, self.dest) or [])
-        items.append((self.metavar, values))
+        items.append((self.const, values))
         setattr(namespace, self.dest, items)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from .runner import RunSpec, buffer_args, parse_dims, parse_rotate, report_line, run_kernel
+    from .runner import (
+        RunSpec,
+        buffer_args,
+        parse_dims,
+        parse_rotate,
+        report_line,
+        run_kernel,
+        scalar_constants,
+    )
 
     try:
         if args.repeat < 1:
@@ -263,9 +273,16 @@ def run_command(args: argparse.Namespace) -> int:
         scalars: list[tuple[str, float]] = []
         for kind, text in args.scalars or []:
             try:
-                scalars.append((kind, int(text, 10) if kind == "i32" else float(text)))
+                value = int(text, 10) if kind == "i32" else float(text)
             except ValueError:
                 raise ContractError(f"--{kind} needs a number, got {text!r}") from None
+            if not math.isfinite(value):
+                raise ContractError(f"--{kind} needs a finite number, got {text!r} ({value})")
+            try:
+                scalar_constants(((kind, value),))  # it fits its type
+            except ContractError as exc:
+                raise ContractError(f"--{kind} {text!r}: {exc}") from None
+            scalars.append((kind, value))
         run_spec = RunSpec(
             kernel=args.kernel,
             grid=parse_dims(args.grid, "--grid"),
@@ -370,24 +387,48 @@ def build_parser() -> Parser:
         "run",
         help="launch one kernel on files and dump its buffers",
         description="Launch one kernel and dump its buffers. On sim the kernel is "
-        "module:function (or file.py:function); on GPU backends FILE[:SYMBOL] (C++ source or "
-        "a code object). Buffers bind in the order given. Prints one JSON line: launches, "
-        "total_ms, per_launch_us, input_copies.",
+        "module:function (or file.py:function), called as function(arrays, constants): "
+        "arrays are the buffers as uint8 numpy arrays, in the order given; constants are "
+        "the --i32/--f32 scalars packed little-endian in the order given (bytes; e.g. "
+        "struct.unpack('<if', constants) for --i32 then --f32). On GPU backends the kernel "
+        "is FILE[:SYMBOL] (C++ source or a code object) and the scalars follow the "
+        "buffers as arguments. Prints one JSON line: launches, total_ms, per_launch_us, "
+        "input_copies.",
     )
     _add_backend_options(run)
-    run.add_argument("--kernel", required=True, help="module:function on sim; FILE[:SYMBOL]")
-    run.add_argument("--grid", required=True, help="x,y,z (missing parts are 1)")
-    run.add_argument("--block", required=True, help="x,y,z (missing parts are 1)")
-    run.add_argument("--repeat", type=int, default=1, help="launches (>= 1; warm-up when > 1)")
-    for option, kind in (("--i32", "i32"), ("--f32", "f32")):
-        run.add_argument(option, dest="scalars", action=_Ordered, metavar=kind, help="scalar")
-    for option, kind, text in (
-        ("--in", "in", "input file"),
-        ("--inout", "inout", "file read, then overwritten with the result"),
-        ("--out", "out", "PATH:BYTES output file"),
+    run.add_argument(
+        "--kernel",
+        required=True,
+        metavar="MODULE:FUNCTION|FILE[:SYMBOL]",
+        help="module:function or file.py:function on sim; FILE[:SYMBOL] on GPU backends",
+    )
+    run.add_argument("--grid", required=True, metavar="X[,Y[,Z]]", help="missing parts are 1")
+    run.add_argument("--block", required=True, metavar="X[,Y[,Z]]", help="missing parts are 1")
+    run.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="launches (>= 1; warm-up when > 1)"
+    )
+    for option, kind, metavar in (("--i32", "i32", "INT"), ("--f32", "f32", "FLOAT")):
+        run.add_argument(
+            option,
+            dest="scalars",
+            action=_Ordered,
+            const=kind,
+            metavar=metavar,
+            help=f"an {kind} scalar argument (repeatable; order kept)",
+        )
+    for option, kind, metavar, text in (
+        ("--in", "in", "FILE", "input file"),
+        ("--inout", "inout", "FILE", "file read, then overwritten with the result"),
+        ("--out", "out", "PATH:BYTES", "output file of BYTES bytes"),
     ):
-        run.add_argument(option, dest="buffers", action=_Ordered, metavar=kind, help=text)
-    run.add_argument("--rotate-input", help="INDEX:COUNT device copies (2..64) of an --in")
+        run.add_argument(
+            option, dest="buffers", action=_Ordered, const=kind, metavar=metavar, help=text
+        )
+    run.add_argument(
+        "--rotate-input",
+        metavar="INDEX:COUNT",
+        help="COUNT device copies (2 <= COUNT <= 64) of the INDEX-th buffer, an --in",
+    )
     run.set_defaults(handler=run_command)
 
     plot = commands.add_parser(

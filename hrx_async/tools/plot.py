@@ -14,6 +14,7 @@ so it works without a display, leaves the caller's pyplot backend alone and leak
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -119,6 +120,8 @@ def _number(raw: Mapping[str, Any], key: str, where: str) -> float:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ContractError(f"{where} needs a number {key!r}, got {value!r}")
+    if not math.isfinite(value):
+        raise ContractError(f"{where} needs a finite {key!r}, got {value!r}")
     return float(value)
 
 
@@ -156,8 +159,10 @@ def timeline_from_chrome(data: Any) -> Timeline:
         elif phase == "X":
             start = _number(raw, "ts", where)
             duration = _number(raw, "dur", where) if "dur" in raw else 0.0
+            if duration < 0:
+                raise ContractError(f"{where} has a negative 'dur' ({duration:g} us)")
             failed = args.get("failed") is True
-            found.append((thread, start, max(duration, 0.0), str(raw.get("name", "")), failed))
+            found.append((thread, start, duration, str(raw.get("name", "")), failed))
         elif phase == "B":
             open_events.setdefault(thread, []).append(
                 (_number(raw, "ts", where), raw.get("name", ""))

@@ -85,3 +85,83 @@ def test_output_paths_are_checked_before_the_work_runs(
     assert "no such directory" in captured.err or "is a directory" in captured.err
     assert "GPU:" not in captured.out and "checking against" not in captured.err  # nothing ran
     assert not (tmp_path / "hrx-trace.json").exists()
+
+
+# -- error messages --------------------------------------------------------------------------
+
+
+def test_no_message_writes_a_range_as_rust_does() -> None:
+    package = Path(__file__).resolve().parents[2] / "hrx_async"
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "..=" in line
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["256", "0"], "1 <= npu-matrices <= 16384, got 0"),
+        (["300"], "256 <= gpu-elements <= 67108864, got 300"),
+    ],
+)
+def test_bench_ranges_name_the_offending_value(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "gpu_npu_parallel", *args]) == EXIT_USAGE
+    assert expected in capsys.readouterr().err
+
+
+def run_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    out = f"{tmp_path / 'o.bin'}:4"
+    assert main(
+        ["run", "--backend", "sim", "--grid", "1", "--block", "1", "--out", out, *argv]
+    ) == (EXIT_USAGE)
+    return capsys.readouterr().err
+
+
+def test_run_says_a_kernel_file_does_not_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "nosuchfile.py"
+    err = run_usage_error(["--kernel", f"{missing}:f"], capsys, tmp_path)
+    assert f"{str(missing)!r}: no such file" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "text", "expected"),
+    [
+        ("--f32", "1e999", "--f32 needs a finite number, got '1e999'"),
+        ("--f32", "nan", "--f32 needs a finite number"),
+        ("--f32", "1e39", "does not fit f32"),
+        ("--i32", "4294967296", "does not fit i32"),
+    ],
+)
+def test_run_refuses_scalars_that_do_not_fit(
+    option: str, text: str, expected: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    err = run_usage_error(["--kernel", "no_module:f", option, text], capsys, tmp_path)
+    assert expected in err
+
+
+def test_run_help_has_readable_placeholders_and_says_how_scalars_arrive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for placeholder in ("--i32 INT", "--f32 FLOAT", "--in FILE", "--out PATH:BYTES", "--grid X"):
+        assert placeholder in text
+    assert "function(arrays, constants)" in text and "little-endian" in text
+
+
+def test_trace_plot_refuses_a_negative_duration(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text('[{"ph": "X", "name": "a", "ts": 0, "dur": -5, "pid": 0, "tid": 1}]')
+    assert main(["trace-plot", str(trace), "-o", str(tmp_path / "t.png")]) == 1
+    assert "trace event 0 has a negative 'dur' (-5 us)" in capsys.readouterr().err
+    assert not (tmp_path / "t.png").exists()
