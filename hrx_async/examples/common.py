@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from .._core.install import install_hint
 from .._core.trace import ExecutionTrace
 from ..errors import HrxError
 
@@ -82,8 +83,7 @@ def run_on_loop(func: Callable[..., Awaitable[T]], *args: Any, loop: str = "asyn
             importlib.import_module(module)
         except ImportError:
             raise LoopUnavailable(
-                f"--loop {loop} needs {module}, which is not installed: "
-                f'pip install "hrx-async[{loop}]"'
+                f"--loop {loop} needs {module}, which is not installed: {install_hint(loop)}"
             ) from None
     if loop == "uvloop":
         return anyio.run(func, *args, backend="asyncio", backend_options={"use_uvloop": True})

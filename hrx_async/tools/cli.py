@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
+from .._core.install import install_hint
 from ..errors import ContractError, HrxError, Unsupported
 from ..examples import NAMES, spec
 from ..examples.common import (
@@ -351,7 +352,7 @@ def build_parser() -> Parser:
         help="run GPU and NPU work in parallel; write hrx-trace.json and hrx-timeline.png",
         description="Runs gpu_npu_parallel at a size that takes a few seconds on the sim "
         "backend, prints its results, writes the trace of four parallel replays and draws "
-        "their lane timeline (needs matplotlib: pip install 'hrx-async[plot]').",
+        f"their lane timeline (needs matplotlib: {install_hint('plot')}).",
     )
     _add_backend_options(demo)
     demo.add_argument("--elements", type=int, default=DEMO_ELEMENTS, help="GPU int32 elements")

@@ -21,13 +21,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hrx_async._core.install import install_hint
 from hrx_async._core.trace import ExecutionTrace, lane_name
 from hrx_async.errors import ContractError, Unsupported
 from hrx_async.files import NotRegularFile, open_regular
 
 _OK_COLOR = "tab:blue"
 _FAILED_COLOR = "tab:red"
-_INSTALL = 'pip install "hrx-async[plot]"'
+_INSTALL = install_hint("plot")
 _LABEL_POINTS = 7.0
 """Font size of bar labels; a character is taken as about 0.6 of it wide."""
 
