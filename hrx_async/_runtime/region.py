@@ -364,8 +364,14 @@ class Submission:
                     skips = True
                     break
                 if state == ISSUED:
+                    # Unchecked: handed to a queue (it has a fence) that asks later. A region
+                    # issued without a fence (one that runs on the loop) has started.
                     verdict = run.verdict
-                    if verdict is None or verdict is CHECKING or isinstance(verdict, Cancelled):
+                    if (
+                        (verdict is None and run.fence is not None)
+                        or verdict is CHECKING
+                        or isinstance(verdict, Cancelled)
+                    ):
                         skips = True
                         break
         self.scheduler.cancel_waiting(self)
