@@ -131,8 +131,12 @@ class Runtime:
         label: str = "runtime",
         devices: Iterable[int] | None = None,
     ) -> None:
-        # Names are checked when the backend opens (`async with`), where HRX_BACKEND is read.
+        # The name is checked here; what "auto" means (HRX_BACKEND) when the backend opens.
         backend = _validate.text(backend, f"backend (auto, {', '.join(GPU_BACKENDS)})", empty=False)
+        if backend != "auto" and backend not in GPU_BACKENDS:
+            raise ContractError(
+                f"backend must be one of auto, {', '.join(GPU_BACKENDS)}; got {backend!r}"
+            )
         npu = _validate.choice(npu, "npu", NPU_CHOICES)
         if memory_budget is not None and not isinstance(memory_budget, MemoryBudget):
             memory_budget = MemoryBudget(

@@ -137,6 +137,11 @@ class Domain:
     def __repr__(self) -> str:
         return f"<Domain {self.ident} {self.label}>"
 
+    def name_beside(self, other: Domain) -> str:
+        """Its label, or, where `other` has the same one, its label and number (for a
+        message naming both)."""
+        return self.label if self.label != other.label else f"{self.label} #{self.ident}"
+
 
 class BufferOwner(Protocol):
     """What a buffer needs from the runtime that made it."""
@@ -457,9 +462,9 @@ def view_of(value: object, domain: Domain, what: str) -> View:
         )
     buffer = value.buffer
     if buffer.domain is not domain:
+        theirs, ours = buffer.domain.name_beside(domain), domain.name_beside(buffer.domain)
         raise ContractError(
-            f"{what} {value} belongs to another runtime ({buffer.domain.label}); "
-            f"this one is {domain.label}"
+            f"{what} {value} belongs to another runtime ({theirs}); this one is {ours}"
         )
     buffer.check_alive()
     # Views check their range when made; this catches a buffer record changed since.

@@ -2,19 +2,22 @@
 
 Awaiting never cancels anything: cancelling the awaiting task only stops the
 wait. `cancel()` is the one way to skip work, and it skips only regions that
-have not started. Other threads use `wait(timeout)`.
+have not started. Other threads use `wait(timeout)`. `add_done_callback` and
+`as_future()` let asyncio's own tools (`asyncio.wait`, `asyncio.as_completed`)
+wait for completions alongside other futures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import Busy
+from ..errors import Busy, ContractError, Unsupported
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +33,8 @@ class CompletionProfile:
 class CompletionSource(Protocol):
     """What a completion asks of the work behind it, until it resolves."""
 
-    def cancel(self) -> None:
-        """Skip what has not started."""
+    def cancel(self) -> bool:
+        """Skip what has not started; True if that was anything."""
         ...
 
     def sweep(self) -> bool:
@@ -96,6 +99,7 @@ _finished_without_yield = 0
 # Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
 _THREAD_WAITERS = threading.Lock()
+_LOG = logging.getLogger("hrx_async")
 
 
 class Completion:
@@ -206,12 +210,73 @@ class Completion:
         return self._error
 
     def cancel(self) -> bool:
-        """Skip the regions that have not started; running ones drain. False if already done."""
+        """Skip the regions that have not started; running ones drain.
+
+        True if that skipped anything (awaiting then raises `Cancelled`, unless a region
+        failed); False when it is done, was cancelled already, or every region had
+        started or been issued where nothing can skip it any more (on a device stream, a
+        region that follows only work on its own device is issued at submit).
+        """
         source = self._source
         if source is None:
             return False
-        source.cancel()
-        return True
+        return source.cancel()
+
+    def add_done_callback(self, fn: Callable[[Completion], object]) -> None:
+        """Call `fn(completion)` on the loop's thread once it is done (at once if it is).
+
+        As `asyncio.Future.add_done_callback` does, but without a loop iteration in
+        between. An exception `fn` raises is logged (logger `hrx_async`); it does not reach
+        the runtime. Call it on the loop's thread: ContractError from another thread.
+        """
+        if not callable(fn):
+            raise ContractError(f"add_done_callback takes a callable, got {fn!r}")
+        self._check_loop_thread("add_done_callback")
+
+        def call() -> None:
+            try:
+                fn(self)
+            except Exception:
+                _LOG.exception("done callback %r of %r raised", fn, self)
+
+        self._on_done(call)
+
+    def as_future(self) -> asyncio.Future[None]:
+        """A new asyncio future of this completion, for `asyncio.wait`, `as_completed`, ...
+
+        It gets the submission's outcome: None, or its error as the exception. Cancelling
+        the future (as `asyncio.wait_for` or a cancelled `gather` do) cancels that future
+        only: the work runs on, as when an awaiting task is cancelled; `cancel()` is what
+        skips work. asyncio only (Unsupported on trio, whose nurseries do what these
+        tools do); on the loop's thread.
+        """
+        loop = self._loop
+        if loop is None:
+            raise Unsupported(
+                "as_future() makes an asyncio future; on trio, await the completion in a "
+                "nursery task"
+            )
+        self._check_loop_thread("as_future")
+        future: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if future.done():  # cancelled by its holder
+                return
+            if self._error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(self._error)
+
+        self._on_done(settle)
+        return future
+
+    def _check_loop_thread(self, what: str) -> None:
+        loop_thread = getattr(self.owner, "loop_thread", None)
+        if loop_thread is not None and threading.get_ident() != loop_thread:
+            raise ContractError(
+                f"{what}() was called from a thread other than the runtime's event loop; "
+                "use wait() there"
+            )
 
     async def wait_done(self) -> None:
         """Wait until finished without raising the submission's error.

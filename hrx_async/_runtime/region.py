@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
+CHECKING = object()
+"""`RegionRun.verdict` while its last check (`preflight`) is under way."""
+PASSED = object()
+"""`RegionRun.verdict` once its last check passed, or for a region launched without one."""
 RUNNING_HOST_REGION: contextvars.ContextVar[RegionRun | None] = contextvars.ContextVar(
     "RUNNING_HOST_REGION", default=None
 )
@@ -72,6 +76,7 @@ class RegionRun:
         "started_at",
         "state",
         "submission",
+        "verdict",
     )
 
     def __init__(
@@ -114,6 +119,8 @@ class RegionRun:
         self.blockers = 0
         self.followers: list[RegionRun] | None = None
         """Regions whose outcome waits for this one to finish."""
+        self.verdict: object = None
+        """Its last check: None until asked, `CHECKING`, then `PASSED` or the refusal."""
 
     @property
     def finished(self) -> bool:
@@ -242,11 +249,17 @@ class RegionRun:
         Passing it commits the region to run: what it writes whole is no longer poisoned.
         A refusal for poisoned input poisons what it writes before anything after it runs.
         """
+        # Marked before `refusal` reads `cancelled`, which `Submission.cancel` sets before
+        # it reads this: a cancel that sees None here is one this check will see.
+        self.verdict = CHECKING
         refusal = self.refusal()
         if refusal is None:
             self.run_clears()
-        elif isinstance(refusal, PoisonedError):
-            self.apply_failure(refusal)
+            self.verdict = PASSED
+        else:
+            self.verdict = refusal
+            if isinstance(refusal, PoisonedError):
+                self.apply_failure(refusal)
         return refusal
 
     def run_clears(self, ran: bool = True) -> None:
@@ -327,9 +340,42 @@ class Submission:
         if watch.watched:
             watch.schedule_tick()
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
+        """Skip every region that has not passed its last check; True if there was one.
+
+        Such a region is queued (waiting for admission, on its lane, or for what it
+        follows) or issued to a queue that asks its check later (a worker thread's, on
+        sim), which reads `cancelled` after this sets it. False when every region had
+        passed it already (on a device stream, a region that follows only work on its
+        device is issued and checked at submit), when the submission failed already (the
+        rest skips anyway), and on a second call. A region whose check is under way on a
+        worker thread at this moment counts as skipped.
+        """
+        if self.cancelled:
+            return False
         self.cancelled = True
+        skips = False
+        if self.error is None and self.device_error is None:
+            for run in self.runs:
+                if run.outcome is not None:
+                    continue
+                state = run.state
+                if state == QUEUED:
+                    skips = True
+                    break
+                if state == ISSUED:
+                    # Unchecked: handed to a queue (it has a fence) that asks later. A region
+                    # issued without a fence (one that runs on the loop) has started.
+                    verdict = run.verdict
+                    if (
+                        (verdict is None and run.fence is not None)
+                        or verdict is CHECKING
+                        or isinstance(verdict, Cancelled)
+                    ):
+                        skips = True
+                        break
         self.scheduler.cancel_waiting(self)
+        return skips
 
 
 def refuse_waiting_on(

@@ -52,6 +52,7 @@ from .poison import PoisonBook
 from .region import (
     DONE,
     ISSUED,
+    PASSED,
     QUEUED,
     RUNNING_HOST_REGION,
     SKIPPED,
@@ -263,6 +264,7 @@ class Scheduler(Outcomes):
         lane = self.lanes[run.key]
         lane.held = True
         run.state = ISSUED
+        run.verdict = PASSED  # started: nothing can skip it now
         run.started_at = time.perf_counter()
         try:
             with anyio.CancelScope(shield=True):
@@ -337,6 +339,7 @@ class Scheduler(Outcomes):
         if first is not None:
             run = runs[0]
             run.state = ISSUED
+            run.verdict = PASSED  # launched with no check: nothing can skip it now
             run.started_at = started
             if isinstance(first, BaseException):
                 self.finish(run, first)

@@ -22,12 +22,13 @@ import sys
 from typing import Any
 
 from .._core.dlpack import DLPACK_CUDA
+from .._core.install import install_hint
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
 from ._stream import StreamBackend
 from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
-INSTALL = 'pip install "hrx-async[cuda]"'
+INSTALL = install_hint("cuda")  # which brings NVRTC too
 DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 DRIVER_INSTALL = "the NVIDIA driver for your GPU (it provides " + DRIVER_LIBRARY + ")"
 

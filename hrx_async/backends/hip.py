@@ -65,6 +65,7 @@ import re
 from typing import Any
 
 from .._core.dlpack import DLPACK_ROCM
+from .._core.install import install_hint
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
 from ._rocm import (
     LIBRARY,
@@ -80,7 +81,7 @@ from ._stream import StreamBackend
 from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
-INSTALL = 'pip install "hrx-async[hip]"'
+INSTALL = install_hint("hip")
 
 STICKY_ERRORS = frozenset(
     {

@@ -13,7 +13,7 @@ from .npu_choice import NpuChoice, split_npu
 DEFAULT_BYTES = 1 << 20
 PACKET = 4096
 MAX_BYTES = 64 << 20
-RANGE = "bytes must be a multiple of 4096 in 4096..=67108864"
+RANGE = "bytes must be a multiple of 4096 with 4096 <= bytes <= 67108864"
 
 
 @dataclass(frozen=True)

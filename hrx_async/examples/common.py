@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import anyio
 
+from .._core.install import install_hint
 from .._core.trace import ExecutionTrace
 from ..errors import HrxError
 
@@ -42,6 +45,21 @@ T = TypeVar("T")
 
 class UsageError(HrxError, ValueError):
     """The command line is wrong; the message says what is allowed."""
+
+
+def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
+    """`path` as a file that can be written: UsageError if it is a directory or its folder
+    does not exist (or cannot be written to). Checked before the work that would write it."""
+    shown = os.fspath(path)
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{what} {shown!r} is a directory, not a file")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"{what} {shown!r}: no such directory {os.fspath(parent)!r}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {shown!r}: the directory {os.fspath(parent)!r} is not writable")
+    return target
 
 
 class ExampleFailed(HrxError):
@@ -65,8 +83,7 @@ def run_on_loop(func: Callable[..., Awaitable[T]], *args: Any, loop: str = "asyn
             importlib.import_module(module)
         except ImportError:
             raise LoopUnavailable(
-                f"--loop {loop} needs {module}, which is not installed: "
-                f'pip install "hrx-async[{loop}]"'
+                f"--loop {loop} needs {module}, which is not installed: {install_hint(loop)}"
             ) from None
     if loop == "uvloop":
         return anyio.run(func, *args, backend="asyncio", backend_options={"use_uvloop": True})
@@ -267,6 +284,7 @@ __all__ = [
     "LoopUnavailable",
     "Report",
     "UsageError",
+    "check_output_file",
     "main_for",
     "parse_count",
     "run_on_loop",

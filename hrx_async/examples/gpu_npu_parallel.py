@@ -49,6 +49,7 @@ from .common import (
     ExampleSpec,
     Report,
     UsageError,
+    check_output_file,
     main_for,
     parse_count,
 )
@@ -61,10 +62,6 @@ NAME = "gpu_npu_parallel"
 USAGE = (
     f"usage: gpu_npu_parallel {NPU_USAGE} "
     "[gpu-elements=16777216] [npu-matrices=1024] [samples=21] [trace.json]"
-)
-RANGES = (
-    "gpu-elements must be a multiple of 256 in 256..=67108864; "
-    "npu-matrices in 1..=16384; samples in 3..=1000"
 )
 MAX_ELEMENTS = 1 << 26
 MAX_MATRICES = 16384
@@ -92,16 +89,18 @@ def parse(args: Sequence[str]) -> Params:
     for index, text in enumerate(args[:3]):
         values[index] = parse_count(text, names[index])
     elements, matrices, samples = values
-    if (
-        not 256 <= elements <= MAX_ELEMENTS
-        or elements % 256
-        or not 1 <= matrices <= MAX_MATRICES
-        or not 3 <= samples <= 1000
-    ):
+    if not 256 <= elements <= MAX_ELEMENTS or elements % 256:
         raise UsageError(
-            f"{RANGES} (got gpu-elements={elements}, npu-matrices={matrices}, samples={samples})"
+            f"gpu-elements must be a multiple of 256 with 256 <= gpu-elements <= "
+            f"{MAX_ELEMENTS}, got {elements}"
         )
-    trace_path = Path(args[3]) if len(args) > 3 else None
+    if not 1 <= matrices <= MAX_MATRICES:
+        raise UsageError(
+            f"npu-matrices must be 1 <= npu-matrices <= {MAX_MATRICES}, got {matrices}"
+        )
+    if not 3 <= samples <= 1000:
+        raise UsageError(f"samples must be 3 <= samples <= 1000, got {samples}")
+    trace_path = check_output_file(args[3], "trace.json") if len(args) > 3 else None
     return Params(elements, matrices, samples, trace_path, npu)
 
 

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import files
+from .._core.install import install_hint
 from ..errors import BackendUnavailable, ContractError
 from . import _check
 from .tensor import DType, TensorDesc
@@ -38,7 +39,7 @@ describe is refused without parsing it."""
 SPARE_DELIMITERS = 4096
 """Delimiters allowed whatever max_tensors is: metadata entries take two each."""
 
-INSTALL = 'pip install "hrx-async[models]"'
+INSTALL = install_hint("models")
 
 FILE_DTYPES = {
     "U8": DType.U8,

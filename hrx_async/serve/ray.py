@@ -33,11 +33,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .._core.install import install_hint
 from ..errors import BackendUnavailable, ContractError, DeviceLost, RuntimeClosed
 from .factory import AppFactory, ReplicaApp
 from .ray_metrics import RuntimeMetrics
 
-INSTALL = 'pip install "hrx-async[ray]"'
+INSTALL = install_hint("ray")
 
 # Ray Serve writes its logger and that logger's children to each replica's own log file,
 # tagged with the replica.

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
+from .._core.install import install_hint
 from ..errors import ContractError, HrxError, Unsupported
 from ..examples import NAMES, spec
 from ..examples.common import (
@@ -29,6 +31,7 @@ from ..examples.common import (
     LOOPS,
     Report,
     UsageError,
+    check_output_file,
     run_on_loop,
     stderr_progress,
 )
@@ -38,6 +41,8 @@ DEMO_MATRICES = 16384
 DEMO_SAMPLES = 101
 DEMO_TRACE = "hrx-trace.json"
 DEMO_TIMELINE = "hrx-timeline.png"
+
+QUIET_HELP = "no progress messages on stderr"
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -77,6 +82,10 @@ def demo_command(args: argparse.Namespace) -> int:
     from ..examples import gpu_npu_parallel
     from .plot import check_picture_path
 
+    # Both files are written after seconds of work: a path that cannot be written to is a
+    # usage error now, not a failure then.
+    check_output_file(args.trace, "--trace")
+    check_output_file(args.timeline, "--timeline")
     try:
         check_picture_path(args.timeline)
     except ContractError as exc:
@@ -232,7 +241,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 class _Ordered(argparse.Action):
-    """Appends (option kind, value) to one shared list, keeping the command line's order."""
+    """Appends (option kind, value) to one shared list, keeping the command line's order.
+    The kind is the option's `const` (its name without dashes)."""
 
     def __call__(
         self,
@@ -242,12 +252,20 @@ class _Ordered(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         items = list(getattr(namespace, self.dest) or [])
-        items.append((self.metavar, values))
+        items.append((self.const, values))
         setattr(namespace, self.dest, items)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from .runner import RunSpec, buffer_args, parse_dims, parse_rotate, report_line, run_kernel
+    from .runner import (
+        RunSpec,
+        buffer_args,
+        parse_dims,
+        parse_rotate,
+        report_line,
+        run_kernel,
+        scalar_constants,
+    )
 
     try:
         if args.repeat < 1:
@@ -256,9 +274,16 @@ def run_command(args: argparse.Namespace) -> int:
         scalars: list[tuple[str, float]] = []
         for kind, text in args.scalars or []:
             try:
-                scalars.append((kind, int(text, 10) if kind == "i32" else float(text)))
+                value = int(text, 10) if kind == "i32" else float(text)
             except ValueError:
                 raise ContractError(f"--{kind} needs a number, got {text!r}") from None
+            if not math.isfinite(value):
+                raise ContractError(f"--{kind} needs a finite number, got {text!r} ({value})")
+            try:
+                scalar_constants(((kind, value),))  # it fits its type
+            except ContractError as exc:
+                raise ContractError(f"--{kind} {text!r}: {exc}") from None
+            scalars.append((kind, value))
         run_spec = RunSpec(
             kernel=args.kernel,
             grid=parse_dims(args.grid, "--grid"),
@@ -283,6 +308,7 @@ def run_command(args: argparse.Namespace) -> int:
 def trace_plot_command(args: argparse.Namespace) -> int:
     from .plot import check_picture_path, plot_timeline, read_trace_text, timeline_from_text
 
+    check_output_file(args.output, "-o")
     try:
         check_picture_path(args.output)
         # A trace argument naming no text file (a picture, a directory, a FIFO) is a
@@ -317,7 +343,7 @@ def build_parser() -> Parser:
         description="Coordinate GPU and NPU work from async Python: demo, info, benchmarks.",
     )
     parser.add_argument("--version", action="version", version=f"hrx-async {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
 
@@ -326,7 +352,7 @@ def build_parser() -> Parser:
         help="run GPU and NPU work in parallel; write hrx-trace.json and hrx-timeline.png",
         description="Runs gpu_npu_parallel at a size that takes a few seconds on the sim "
         "backend, prints its results, writes the trace of four parallel replays and draws "
-        "their lane timeline (needs matplotlib: pip install 'hrx-async[plot]').",
+        f"their lane timeline (needs matplotlib: {install_hint('plot')}).",
     )
     _add_backend_options(demo)
     demo.add_argument("--elements", type=int, default=DEMO_ELEMENTS, help="GPU int32 elements")
@@ -362,24 +388,48 @@ def build_parser() -> Parser:
         "run",
         help="launch one kernel on files and dump its buffers",
         description="Launch one kernel and dump its buffers. On sim the kernel is "
-        "module:function (or file.py:function); on GPU backends FILE[:SYMBOL] (C++ source or "
-        "a code object). Buffers bind in the order given. Prints one JSON line: launches, "
-        "total_ms, per_launch_us, input_copies.",
+        "module:function (or file.py:function), called as function(arrays, constants): "
+        "arrays are the buffers as uint8 numpy arrays, in the order given; constants are "
+        "the --i32/--f32 scalars packed little-endian in the order given (bytes; e.g. "
+        "struct.unpack('<if', constants) for --i32 then --f32). On GPU backends the kernel "
+        "is FILE[:SYMBOL] (C++ source or a code object) and the scalars follow the "
+        "buffers as arguments. Prints one JSON line: launches, total_ms, per_launch_us, "
+        "input_copies.",
     )
     _add_backend_options(run)
-    run.add_argument("--kernel", required=True, help="module:function on sim; FILE[:SYMBOL]")
-    run.add_argument("--grid", required=True, help="x,y,z (missing parts are 1)")
-    run.add_argument("--block", required=True, help="x,y,z (missing parts are 1)")
-    run.add_argument("--repeat", type=int, default=1, help="launches (>= 1; warm-up when > 1)")
-    for option, kind in (("--i32", "i32"), ("--f32", "f32")):
-        run.add_argument(option, dest="scalars", action=_Ordered, metavar=kind, help="scalar")
-    for option, kind, text in (
-        ("--in", "in", "input file"),
-        ("--inout", "inout", "file read, then overwritten with the result"),
-        ("--out", "out", "PATH:BYTES output file"),
+    run.add_argument(
+        "--kernel",
+        required=True,
+        metavar="MODULE:FUNCTION|FILE[:SYMBOL]",
+        help="module:function or file.py:function on sim; FILE[:SYMBOL] on GPU backends",
+    )
+    run.add_argument("--grid", required=True, metavar="X[,Y[,Z]]", help="missing parts are 1")
+    run.add_argument("--block", required=True, metavar="X[,Y[,Z]]", help="missing parts are 1")
+    run.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="launches (>= 1; warm-up when > 1)"
+    )
+    for option, kind, metavar in (("--i32", "i32", "INT"), ("--f32", "f32", "FLOAT")):
+        run.add_argument(
+            option,
+            dest="scalars",
+            action=_Ordered,
+            const=kind,
+            metavar=metavar,
+            help=f"an {kind} scalar argument (repeatable; order kept)",
+        )
+    for option, kind, metavar, text in (
+        ("--in", "in", "FILE", "input file"),
+        ("--inout", "inout", "FILE", "file read, then overwritten with the result"),
+        ("--out", "out", "PATH:BYTES", "output file of BYTES bytes"),
     ):
-        run.add_argument(option, dest="buffers", action=_Ordered, metavar=kind, help=text)
-    run.add_argument("--rotate-input", help="INDEX:COUNT device copies (2..64) of an --in")
+        run.add_argument(
+            option, dest="buffers", action=_Ordered, const=kind, metavar=metavar, help=text
+        )
+    run.add_argument(
+        "--rotate-input",
+        metavar="INDEX:COUNT",
+        help="COUNT device copies (2 <= COUNT <= 64) of the INDEX-th buffer, an --in",
+    )
     run.set_defaults(handler=run_command)
 
     plot = commands.add_parser(
@@ -397,6 +447,12 @@ def build_parser() -> Parser:
     from ..backends import kernel_cache
 
     kernel_cache.register_cli(commands, compiler=_cuda_compiler)
+    # `-q` also after the command (`hrx-async demo -q`), as the README writes it. SUPPRESS
+    # keeps a `-q` given before the command when none follows it.
+    for sub in commands.choices.values():
+        sub.add_argument(
+            "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP
+        )
     return parser
 
 

@@ -14,19 +14,21 @@ so it works without a display, leaves the caller's pyplot backend alone and leak
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hrx_async._core.install import install_hint
 from hrx_async._core.trace import ExecutionTrace, lane_name
 from hrx_async.errors import ContractError, Unsupported
 from hrx_async.files import NotRegularFile, open_regular
 
 _OK_COLOR = "tab:blue"
 _FAILED_COLOR = "tab:red"
-_INSTALL = 'pip install "hrx-async[plot]"'
+_INSTALL = install_hint("plot")
 _LABEL_POINTS = 7.0
 """Font size of bar labels; a character is taken as about 0.6 of it wide."""
 
@@ -119,6 +121,8 @@ def _number(raw: Mapping[str, Any], key: str, where: str) -> float:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ContractError(f"{where} needs a number {key!r}, got {value!r}")
+    if not math.isfinite(value):
+        raise ContractError(f"{where} needs a finite {key!r}, got {value!r}")
     return float(value)
 
 
@@ -156,8 +160,10 @@ def timeline_from_chrome(data: Any) -> Timeline:
         elif phase == "X":
             start = _number(raw, "ts", where)
             duration = _number(raw, "dur", where) if "dur" in raw else 0.0
+            if duration < 0:
+                raise ContractError(f"{where} has a negative 'dur' ({duration:g} us)")
             failed = args.get("failed") is True
-            found.append((thread, start, max(duration, 0.0), str(raw.get("name", "")), failed))
+            found.append((thread, start, duration, str(raw.get("name", "")), failed))
         elif phase == "B":
             open_events.setdefault(thread, []).append(
                 (_number(raw, "ts", where), raw.get("name", ""))

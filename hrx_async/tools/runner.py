@@ -109,7 +109,7 @@ def parse_rotate(text: str, buffers: tuple[BufferArg, ...]) -> tuple[int, int]:
     except ValueError:
         raise ContractError(f"--rotate-input takes INDEX:COUNT, got {text!r}") from None
     if not sep or not 2 <= count <= 64:
-        raise ContractError(f"--rotate-input COUNT must be in 2..64, got {text!r}")
+        raise ContractError(f"--rotate-input COUNT must be 2 <= COUNT <= 64, got {text!r}")
     if not 0 <= index < len(buffers):
         raise ContractError(
             f"--rotate-input INDEX must name a buffer 0..{len(buffers) - 1}, got {index}"
@@ -320,8 +320,9 @@ def import_kernel_module(name: str) -> Any:
     """
     if name.endswith(".py"):
         path = Path(name)
+        regular_file("--kernel", name)  # names the problem: no such file, a directory, ...
         spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None or not path.is_file():
+        if spec is None or spec.loader is None:
             raise ContractError(f"cannot load kernel file {name!r}")
         module = importlib.util.module_from_spec(spec)
         try:

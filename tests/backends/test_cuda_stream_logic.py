@@ -286,7 +286,7 @@ def _affine_kernel(rt: hrx.Runtime, n: int, a: int = 3, b: int = 7) -> hrx.GpuKe
 
 async def test_pipeline_runs_in_native_graphs_with_packed_arguments(host_table: HostTable) -> None:
     n = 1024
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         host = rt.allocate(n * 4, hrx.HOST_VISIBLE)
         x = rt.allocate(n * 4, hrx.GPU_LOCAL)
         y = rt.allocate(n * 4, hrx.GPU_LOCAL)
@@ -326,7 +326,7 @@ async def test_pipeline_runs_in_native_graphs_with_packed_arguments(host_table: 
 
 
 async def test_kernel_load_uses_the_cache_and_checks_metadata(host_table: HostTable) -> None:
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         _affine_kernel(rt, 16)
         _affine_kernel(rt, 16, a=5)  # same source and options: cached code
         assert host_table.calls["compile"] == 1
@@ -343,7 +343,7 @@ async def test_kernel_load_uses_the_cache_and_checks_metadata(host_table: HostTa
 async def test_device_side_waits_order_lanes_without_the_host(host_table: HostTable) -> None:
     host_table.delay = 0.002  # every device operation is slow
     n = 4096
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         device = rt.allocate(n, hrx.GPU_LOCAL)
         outs = [rt.allocate(n, hrx.HOST_VISIBLE) for _ in range(5)]
         graphs = []
@@ -368,7 +368,7 @@ async def test_work_launched_before_its_bookkeeping_still_orders_later_work(
     # its submission is recorded; the record must still follow, or the copy below would
     # not wait for the fill.
     n = 4096
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         device = rt.allocate(n, hrx.GPU_LOCAL)
         out = rt.allocate(n, hrx.HOST_VISIBLE)
         fills = []
@@ -402,7 +402,7 @@ async def test_work_launched_before_its_bookkeeping_still_orders_later_work(
 async def test_a_launch_that_fails_before_its_bookkeeping_fails_only_its_submission(
     host_table: HostTable,
 ) -> None:
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         target = rt.allocate(64, hrx.GPU_LOCAL)
         out = rt.allocate(64, hrx.HOST_VISIBLE)
         fill = rt.graph("fill")
@@ -435,7 +435,7 @@ async def test_a_launch_that_fails_before_its_bookkeeping_fails_only_its_submiss
 
 async def test_cancelled_and_refused_regions_get_finished_fences(host_table: HostTable) -> None:
     host_table.delay = 0.01
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         a = rt.allocate(64, hrx.GPU_LOCAL)
         graph = rt.graph("fills")
         graph.fill(a.view(), 1)
@@ -457,7 +457,7 @@ async def test_a_replay_behind_one_on_the_same_device_is_issued_at_submit(
     """What a replay waits for is all on its device, so it goes to the streams at once,
     behind device-side waits, instead of waiting on its lanes: too late to skip."""
     host_table.delay = 0.01
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         a = rt.allocate(64, hrx.GPU_LOCAL)
         out = rt.allocate(64, hrx.HOST_VISIBLE)
         prepared = []
@@ -481,7 +481,7 @@ async def test_a_stream_waits_once_per_other_stream_and_never_for_itself(
     """Streams run in issue order: of what a region follows, only the latest fence of each
     other stream costs a device-side wait."""
     host_table.delay = 0.01
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         a = rt.allocate(64, hrx.GPU_LOCAL)
         out = rt.allocate(64, hrx.HOST_VISIBLE)
         graph = rt.graph("fill-read")
@@ -507,7 +507,7 @@ async def test_external_work_enqueues_on_the_lane_stream_through_dlpack_tensors(
     handle and one DLPack tensor per access, and what it enqueues there is ordered between
     the upload before it and the download after it, replay after replay."""
     host_table.delay = 0.002
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         host_in = rt.allocate(64, hrx.HOST_VISIBLE)
         host_out = rt.allocate(64, hrx.HOST_VISIBLE)
         x = rt.allocate(64, hrx.GPU_LOCAL)
@@ -537,7 +537,7 @@ async def test_external_work_enqueues_on_the_lane_stream_through_dlpack_tensors(
 
 
 async def test_failing_external_work_on_a_stream_fails_its_region(host_table: HostTable) -> None:
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         y = rt.allocate(64, hrx.GPU_LOCAL)
 
         def broken(stream: int, tensors: list[Any]) -> None:
@@ -556,7 +556,7 @@ async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:
         raise RuntimeError("illegal address")
 
     host_table.kernels["crash"] = ([8], crash)
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         target = rt.allocate(64, hrx.GPU_LOCAL)
         kernel = rt.load_gpu_kernel(
             hrx.KernelSource(cxx="// fake"),
@@ -580,7 +580,7 @@ async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:
 async def test_gpu_access_orders_later_work_after_its_stream(host_table: HostTable) -> None:
     host_table.delay = 0.005
     n = 256
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         device = rt.allocate(n, hrx.GPU_LOCAL)
         out = rt.allocate(n, hrx.HOST_VISIBLE)
         read = rt.graph("read")
@@ -600,7 +600,7 @@ async def test_gpu_access_orders_later_work_after_its_stream(host_table: HostTab
 
 async def test_fences_poll_and_wait_from_other_threads(host_table: HostTable) -> None:
     host_table.delay = 0.001
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         backend = rt._backend_or_raise()
         assert isinstance(backend, StreamBackend) and backend.poll_budget_us > 0
         a = rt.allocate(64, hrx.GPU_LOCAL)
@@ -635,7 +635,7 @@ async def test_a_submit_await_loop_never_starves_the_event_loop(host_table: Host
         return True
 
     host_table.event_query = finished_query  # type: ignore[method-assign]
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         a = rt.allocate(64, hrx.GPU_LOCAL)
         graph = rt.graph("fill")
         graph.fill(a.view(), 1)
@@ -665,7 +665,7 @@ async def test_awaiting_a_finished_completion_is_a_cancel_point_on_trio(
     cancellation arrives at the next await that suspends.)"""
     if anyio_backend != "trio":
         pytest.skip("trio's rule")
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         a = rt.allocate(64, hrx.GPU_LOCAL)
         graph = rt.graph("fill")
         graph.fill(a.view(), 1)
@@ -717,7 +717,7 @@ async def test_watched_streams_finish_on_the_loop_without_a_thread(
     host_table: HostTable, budget_us: float
 ) -> None:
     _instant_device(host_table)
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         rt._backend_or_raise().poll_budget_us = budget_us
         (prepared,) = _fill_graphs(rt, 1)
         posts = _count_posts(rt)
@@ -731,7 +731,7 @@ async def test_watched_streams_finish_on_the_loop_without_a_thread(
 
 async def test_an_idle_loop_hands_overdue_work_to_the_waiter(host_table: HostTable) -> None:
     host_table.delay = 0.06
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         (prepared,) = _fill_graphs(rt, 1)
         scheduler = rt._scheduler_or_raise()
         posts = _count_posts(rt)
@@ -746,7 +746,7 @@ async def test_an_idle_loop_hands_overdue_work_to_the_waiter(host_table: HostTab
 
 async def test_a_busy_loop_keeps_sweeping_overdue_work(host_table: HostTable) -> None:
     host_table.delay = 0.06
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         (prepared,) = _fill_graphs(rt, 1)
         scheduler = rt._scheduler_or_raise()
         completion = prepared.submit()
@@ -774,7 +774,7 @@ async def test_one_loop_pass_finishes_a_bounded_number_of_fences(
     # trio runs a batch's tasks in any order, so the sweeping task may run twice between
     # two checkpoints of this one.
     limit = SWEEP_LIMIT if anyio_backend == "asyncio" else 2 * SWEEP_LIMIT
-    async with hrx.Runtime(backend="fake", max_submissions=64) as rt:
+    async with hrx.Runtime(backend="cuda", max_submissions=64) as rt:
         graphs = _fill_graphs(rt, 48)
         completions = [graph.submit() for graph in graphs]
         finished_per_pass = []
@@ -801,7 +801,7 @@ async def test_awaiting_tasks_share_one_pass_budget(
     # windows may see the end of one budget and the start of the next.
     limit = 2 * SWEEP_LIMIT if anyio_backend == "asyncio" else 4 * SWEEP_LIMIT
     tasks = 96
-    async with hrx.Runtime(backend="fake", max_submissions=tasks) as rt:
+    async with hrx.Runtime(backend="cuda", max_submissions=tasks) as rt:
         graphs = _fill_graphs(rt, tasks)
         finished_per_pass: list[int] = []
         count = 0
@@ -833,7 +833,7 @@ async def test_single_launch_is_one_graph_launch_per_replay(host_table: HostTabl
     one graph; each replay is one graph launch on the compute stream, and it is ordered by
     device-side waits against default-mode replays on the copy streams."""
     n = 1024
-    async with hrx.Runtime(backend="fake") as rt:
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         host_in = rt.allocate(n * 4, hrx.HOST_VISIBLE)
         host_out = rt.allocate(n * 4, hrx.HOST_VISIBLE)
         x, y = rt.allocate(n * 4, hrx.GPU_LOCAL), rt.allocate(n * 4, hrx.GPU_LOCAL)

@@ -18,6 +18,7 @@ import pytest
 
 import hrx_async as hrx
 import hrx_async.models
+from hrx_async._core.install import install_hint
 from hrx_async.models import artifacts
 from hrx_async.models.artifacts import UnreadableArtifact
 from tests.helpers import fifo_with_a_late_writer
@@ -398,7 +399,7 @@ async def test_without_the_package_the_error_names_the_extra(
     async with hrx.Runtime("sim") as rt:
         with pytest.raises(hrx.BackendUnavailable) as caught:
             await hrx.models.load_safetensors(rt, hrx.models.Residency(1 << 20), "k", path)
-        assert caught.value.install == 'pip install "hrx-async[models]"'
+        assert caught.value.install == install_hint("models")
 
 
 def test_importing_hrx_async_needs_no_safetensors() -> None:

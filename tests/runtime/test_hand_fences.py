@@ -33,11 +33,16 @@ class Item:
     waits: tuple[Any, ...]
     preflight: Any
     fence: ThreadFence
+    checked: tuple[BaseException | None] | None = None
+    """The preflight's answer, when the queue asked it at submit (as device streams do)."""
 
     def finish(self, error: BaseException | None = None, run: bool = True) -> None:
         """End the item as a device would: after its waits, asking its preflight first."""
         assert all(wait.query() for wait in self.waits), "finished before what it waits for"
-        refusal = self.preflight() if self.preflight is not None else None
+        if self.checked is not None:
+            (refusal,) = self.checked
+        else:
+            refusal = self.preflight() if self.preflight is not None else None
         if isinstance(refusal, hrx.Cancelled):
             self.fence.finish(skipped=True)
         elif refusal is not None:
@@ -50,13 +55,17 @@ class Item:
 
 
 class HandQueue:
-    def __init__(self, key: QueueKey) -> None:
+    def __init__(self, key: QueueKey, check_at_submit: bool = False) -> None:
         self.key = key
         self.items: list[Item] = []
+        self.check_at_submit = check_at_submit
 
     def submit(self, program: Any, waits: Sequence[Any], preflight: Any) -> ThreadFence:
         fence = ThreadFence()
-        self.items.append(Item(program, tuple(waits), preflight, fence))
+        item = Item(program, tuple(waits), preflight, fence)
+        if self.check_at_submit:
+            item.checked = (preflight() if preflight is not None else None,)
+        self.items.append(item)
         return fence
 
     def close(self) -> None:
@@ -66,12 +75,13 @@ class HandQueue:
 class HandBackend(SimBackend):
     """The sim backend (memory, programs) whose lane queues the test drives."""
 
-    def __init__(self) -> None:
+    def __init__(self, check_at_submit: bool = False) -> None:
         super().__init__(npus=0)
         self.hand: dict[QueueKey, HandQueue] = {}
+        self.check_at_submit = check_at_submit
 
     def queue(self, key: QueueKey) -> Any:
-        return self.hand.setdefault(key, HandQueue(key))
+        return self.hand.setdefault(key, HandQueue(key, self.check_at_submit))
 
     def items(self, lane: Lane) -> list[Item]:
         queue = self.hand.get((lane, 0))
@@ -80,9 +90,9 @@ class HandBackend(SimBackend):
 
 @asynccontextmanager
 async def hand_runtime(
-    monkeypatch: pytest.MonkeyPatch, max_submissions: int = 64
+    monkeypatch: pytest.MonkeyPatch, max_submissions: int = 64, check_at_submit: bool = False
 ) -> AsyncIterator[tuple[hrx.Runtime, HandBackend]]:
-    backend = HandBackend()
+    backend = HandBackend(check_at_submit)
     monkeypatch.setattr(session_module, "open_gpu_backend", lambda name, devices: (backend, []))
     async with hrx.Runtime(npu=None, max_submissions=max_submissions) as rt:
         yield rt, backend
@@ -242,3 +252,45 @@ async def test_leaving_the_runtime_waits_for_pending_fences(
             tg.start_soon(device)
         finished.append("closed")
     assert finished == ["device", "closed"] and c.done()
+
+
+async def test_cancel_is_false_once_every_region_passed_its_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Queues that check at submit, as device streams do: a chain on one device is issued
+    and checked at submit, so cancel() has nothing to skip, says so, and the work runs."""
+    async with hand_runtime(monkeypatch, check_at_submit=True) as (rt, backend):
+        x, host = rt.allocate(64, hrx.GPU_LOCAL), rt.allocate(64, hrx.HOST_VISIBLE)
+        g = rt.graph("chain")
+        g.fill(x.view(), 5)
+        g.copy(host.view(), x.view())
+        c = g.prepare().submit()
+        items = backend.items(Lane.COMPUTE) + backend.items(Lane.DOWNLOAD)
+        cancelled = c.cancel()
+        for item in items:  # (before any assert: the runtime drains them on exit)
+            item.finish()
+        assert len(items) == 2 and all(item.checked == (None,) for item in items)
+        assert not cancelled
+        with anyio.fail_after(5):
+            await c  # not Cancelled: nothing was skipped
+        assert c.exception() is None
+        async with host.map_read() as memory:
+            assert bytes(memory) == bytes([5]) * 64
+
+
+async def test_cancel_is_true_for_a_region_issued_but_not_yet_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with hand_runtime(monkeypatch) as (rt, backend):
+        x = rt.allocate(64, hrx.GPU_LOCAL)
+        fill = rt.graph("fill")
+        fill.fill(x.view(), 5)
+        c = fill.prepare().submit()
+        first, second = c.cancel(), c.cancel()
+        (item,) = backend.items(Lane.COMPUTE)
+        item.finish()
+        assert first
+        assert not second  # the first call skipped it already
+        assert item.fence.skipped()
+        with anyio.fail_after(5), pytest.raises(hrx.Cancelled):
+            await c

@@ -324,10 +324,20 @@ def test_runtime_constructor_checks_every_argument(kwargs: dict[str, object]) ->
 # -- through a sim runtime ------------------------------------------------------------------
 
 
+def test_an_unknown_backend_name_is_refused_at_construction() -> None:
+    with pytest.raises(
+        ContractError, match="backend must be one of auto, sim, cuda, hip; got 'nope'"
+    ):
+        hrx.Runtime(backend="nope")
+
+
 @pytest.mark.anyio
-async def test_an_unknown_backend_name_is_refused_when_opening() -> None:
-    runtime = hrx.Runtime(backend="opencl")
-    with pytest.raises(ContractError, match="backend must be one of"):
+async def test_an_unknown_hrx_backend_is_refused_when_opening(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HRX_BACKEND", "opencl")
+    runtime = hrx.Runtime()  # "auto" reads HRX_BACKEND when it opens
+    with pytest.raises(ContractError, match="HRX_BACKEND must be one of"):
         async with runtime:
             pass
 
@@ -979,3 +989,22 @@ async def test_runtime_queries_refuse_garbage() -> None:
         with pytest.raises(ContractError):
             async with rt.gpu_access(5):  # type: ignore[arg-type]
                 pass
+
+
+@pytest.mark.anyio
+async def test_another_runtime_with_the_same_label_is_named_apart() -> None:
+    async with hrx.Runtime(backend="sim") as rt, hrx.Runtime(backend="sim") as other:
+        foreign = other.allocate(64, HOST_VISIBLE)
+        graph = rt.graph("g")
+        with pytest.raises(ContractError) as info:
+            graph.fill(foreign.view(), 0)
+        message = str(info.value)
+        theirs = f"runtime #{other.domain.ident}"
+        ours = f"runtime #{rt.domain.ident}"
+        assert f"belongs to another runtime ({theirs}); this one is {ours}" in message
+    async with (
+        hrx.Runtime(backend="sim", label="a") as rt,
+        hrx.Runtime(backend="sim", label="b") as other,
+    ):
+        with pytest.raises(ContractError, match=r"another runtime \(b\); this one is a$"):
+            rt.graph("g").fill(other.allocate(64, HOST_VISIBLE).view(), 0)

@@ -324,7 +324,7 @@ def test_run_warms_up_once_before_repeated_launches(
         (["--in", "x.bin", "--out", "nowhere/y.bin:8"], "no such directory 'nowhere'"),
         (["--in", "x.bin", "--out", ".:8"], "is a directory, not a file"),
         (["--out", "y.bin:8", "--rotate-input", "0:2"], "only --in buffers"),
-        (["--in", "x.bin", "--rotate-input", "0:1"], "2..64"),
+        (["--in", "x.bin", "--rotate-input", "0:1"], "2 <= COUNT <= 64"),
         (["--in", "x.bin", "--rotate-input", "3:2"], "INDEX"),
         (["--in", "x.bin", "--repeat", "0"], "--repeat"),
         (["--in", "x.bin", "--grid", "0,1"], "--grid"),
