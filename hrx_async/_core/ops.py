@@ -6,6 +6,7 @@ them without knowing anything about graphs, lanes or admission.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,15 @@ class External:
     fn: Callable[..., Any]
     views: tuple[View, ...]
     accesses: tuple[Access, ...]
+
+
+def enqueued_only(fn: Callable[..., Any], result: Any) -> None:
+    """`fn`, external work, returned `result`: refuse an awaitable (it must enqueue and
+    return; a coroutine is closed so it does not warn as never awaited)."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(f"external work {fn!r} returned an awaitable; it must enqueue and return")
 
 
 Op = Fill | Copy | Launch | NpuLaunch | HostCall | External

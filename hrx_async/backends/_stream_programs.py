@@ -20,13 +20,13 @@ region's graph.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .._core.contract import KernelContract
+from .._core.ops import enqueued_only
 from ..errors import ContractError
 from ._stream_driver import DriverTable
 
@@ -59,13 +59,7 @@ class ExternalProgram:
         self.native_graph = False
 
     def launch(self, table: DriverTable, stream: Any) -> None:
-        result = self.fn(table.stream_handle(stream), self.tensors)
-        if inspect.isawaitable(result):
-            if inspect.iscoroutine(result):
-                result.close()
-            raise TypeError(
-                f"external work {self.fn!r} returned an awaitable; it must enqueue and return"
-            )
+        enqueued_only(self.fn, self.fn(table.stream_handle(stream), self.tensors))
 
 
 class CopyProgram:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._core.contract import Access
 from .._core.memory import View
-from .._core.ops import Copy, External, Fill, HostCall, Launch, NpuLaunch, Op
+from .._core.ops import Copy, External, Fill, HostCall, Launch, NpuLaunch, Op, enqueued_only
 from ..errors import Unsupported
 from .base import HostArray
 
@@ -47,14 +47,7 @@ def _host_step(fn: Callable[..., Any], arrays: list[ByteArray]) -> Step:
 
 
 def _external_step(fn: Callable[..., Any], arrays: list[ByteArray]) -> Step:
-    return lambda: _no_result(fn(None, arrays), fn)
-
-
-def _no_result(result: Any, fn: Callable[..., Any]) -> None:
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise TypeError(f"external work {fn!r} returned an awaitable; it must enqueue and return")
+    return lambda: enqueued_only(fn, fn(None, arrays))
 
 
 def is_async_host_call(op: Op) -> bool:

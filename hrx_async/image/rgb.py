@@ -32,8 +32,7 @@ from .._core.validate import shown
 from ..errors import ContractError
 from ..models import DType, Layout, Tensor, TensorDesc
 from ..models.fragment import ModelFragment
-from ..models.plan_cache import PlanCacheStats
-from ..models.results import Result, ResultPlan, ResultPlans, SlotGraph
+from ..models.results import Result, ResultOps, ResultPlan, SlotGraph
 from ..runtime import Runtime
 from . import args as image_args
 from . import rgb_fragments
@@ -106,28 +105,12 @@ def _points(values: Any, what: str) -> np.ndarray[Any, np.dtype[np.float64]]:
     return array.astype(np.float64)
 
 
-class RgbOps:
+class RgbOps(ResultOps):
     """resize_rgb, affine_rgb (+ packed) and similarity_2d of one runtime; each plan has
     three result slots, at most `capacity` plans. For one event loop thread."""
 
     def __init__(self, runtime: Runtime, capacity: int = 64) -> None:
-        if not isinstance(runtime, Runtime):
-            raise ContractError(f"RgbOps takes a Runtime, got {type(runtime).__name__}")
-        self.runtime = runtime
-        self.plans = ResultPlans(capacity, "rgb plans")
-
-    def stats(self) -> PlanCacheStats:
-        """The plan cache's counters: capacity, entries, hits, misses, evictions."""
-        return self.plans.stats()
-
-    @property
-    def kernels_loaded(self) -> int:
-        """How many GPU kernels the plans loaded so far (each once per runtime)."""
-        return self.plans.kernels_loaded
-
-    async def clear(self) -> None:
-        """Evict every idle plan and free its memory; plans still in use stay."""
-        await self.plans.clear()
+        super().__init__(runtime, capacity, "rgb plans")
 
     async def resize_rgb(self, src: Tensor, resize: RgbResize) -> Result:
         """`src` (u8 NHWC RGB) resized into `resize.region` of a black u8 NHWC canvas by

@@ -28,6 +28,7 @@ from .._core.memory import Buffer, View
 from .._runtime.completion import Completion
 from .._runtime.prepared import PreparedGraph
 from ..errors import Busy, ContractError
+from ..runtime import Runtime
 from .device import DeviceTensor
 from .plan_cache import PlanCache, PlanCacheStats
 from .tensor import Tensor, TensorDesc
@@ -234,4 +235,38 @@ class ResultPlans:
             return plan.outputs(lease, completion, outputs(slot))
 
 
-__all__ = ["SLOTS", "Lease", "Result", "ResultPlan", "ResultPlans", "SlotGraph"]
+class ResultOps:
+    """What a family of operations over leased results shares (`TensorOps`, `RgbOps`): its
+    runtime, a bounded cache of plans and the cache's counters."""
+
+    def __init__(self, runtime: Runtime, capacity: int, label: str) -> None:
+        if not isinstance(runtime, Runtime):
+            raise ContractError(
+                f"{type(self).__name__} takes a Runtime, got {type(runtime).__name__}"
+            )
+        self.runtime = runtime
+        self.plans = ResultPlans(capacity, label)
+
+    def stats(self) -> PlanCacheStats:
+        """The plan cache's counters: capacity, entries, hits, misses, evictions."""
+        return self.plans.stats()
+
+    @property
+    def kernels_loaded(self) -> int:
+        """How many GPU kernels the plans loaded so far (each once per runtime)."""
+        return self.plans.kernels_loaded
+
+    async def clear(self) -> None:
+        """Evict every idle plan and free its memory; plans still in use stay."""
+        await self.plans.clear()
+
+
+__all__ = [
+    "SLOTS",
+    "Lease",
+    "Result",
+    "ResultOps",
+    "ResultPlan",
+    "ResultPlans",
+    "SlotGraph",
+]

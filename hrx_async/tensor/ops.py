@@ -36,9 +36,8 @@ from ..errors import ContractError
 from ..models import DType, ModelContext, Tensor, TensorDesc
 from ..models.fragment import ModelFragment
 from ..models.op_fragment import OpFragmentBuilder
-from ..models.plan_cache import PlanCacheStats
 from ..models.region import Dispatch, Fill
-from ..models.results import Lease, Result, ResultPlan, ResultPlans, SlotGraph
+from ..models.results import Lease, Result, ResultOps, ResultPlan, SlotGraph
 from ..runtime import Runtime
 from .kernels import KERNELS, LANES, SOURCE, pack
 
@@ -52,30 +51,14 @@ def _bucket(count: int) -> int:
     return 1 << max(0, (count - 1).bit_length())
 
 
-class TensorOps:
+class TensorOps(ResultOps):
     """`gather_rows`, `finite` and `linear`/`linear_many` of one runtime, each plan with
     three result slots, at most `capacity` plans (idle ones evicted least recently used
     first). For one event loop thread."""
 
     def __init__(self, runtime: Runtime, capacity: int = 64) -> None:
-        if not isinstance(runtime, Runtime):
-            raise ContractError(f"TensorOps takes a Runtime, got {type(runtime).__name__}")
-        self.runtime = runtime
-        self.plans = ResultPlans(capacity, "tensor plans")
+        super().__init__(runtime, capacity, "tensor plans")
         self._empty: tuple[ResultPlan[None], Buffer, PreparedGraph] | None = None
-
-    def stats(self) -> PlanCacheStats:
-        """The plan cache's counters: capacity, entries, hits, misses, evictions."""
-        return self.plans.stats()
-
-    @property
-    def kernels_loaded(self) -> int:
-        """How many GPU kernels the plans loaded so far (each once per runtime)."""
-        return self.plans.kernels_loaded
-
-    async def clear(self) -> None:
-        """Evict every idle plan and free its memory; plans still in use stay."""
-        await self.plans.clear()
 
     # -- the operations --------------------------------------------------------------
 
