@@ -87,7 +87,13 @@ def load_module(path: Path, name: str) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        # As the import system does: a module that failed to run is not left half made
+        # for the next test to find.
+        del sys.modules[name]
+        raise
     return module
 
 

@@ -10,11 +10,13 @@ from types import ModuleType
 from typing import Any
 
 import anyio
-import httpx
 import numpy as np
 import pytest
 
 from tests.helpers import load_module
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")  # the example is a FastAPI app
 
 pytestmark = pytest.mark.anyio
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "model_server.py"
