@@ -25,6 +25,7 @@ ReplayStep = tuple[
     "tuple[Buffer, ...]",
     tuple[Interval, ...],
     tuple[tuple[int, int, int], ...],
+    float,
 ]
 """Per region, what admission needs (see `PreparedGraph.steps`)."""
 
@@ -94,14 +95,15 @@ class PreparedGraph:
                 self.clears[region.index],
                 self.region_inputs[region.index],
                 self.coherent_reads[region.index],
+                getattr(provider, "poll_budget_us", 0.0),
             )
             for region, program, provider in zip(plan.regions, programs, providers, strict=True)
         )
         """Per region, what admission needs, worked out once: its plan, program, provider,
         queue key, byte-range accesses (reads first) as (buffer ident, start, end, writes),
-        the buffers it writes whole, the bytes it reads first and its program's coherent
-        reads."""
-        self.first_on_stream = getattr(providers[0], "poll_budget_us", 0.0) > 0
+        the buffers it writes whole, the bytes it reads first, its program's coherent
+        reads and its provider's poll budget (µs; above 0 for a watched device stream)."""
+        self.first_on_stream = self.steps[0][8] > 0
         """Its first region goes to a watched queue (a device stream): it may launch before
         the bookkeeping of its submission (`Scheduler.submit`)."""
         self.queues: list[Any] = [None] * len(programs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Sequence
 from threading import get_ident
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -57,12 +58,14 @@ class RegionRun:
     __slots__ = (
         "applied",
         "blockers",
+        "budget",
         "cause",
         "clears",
         "deps",
         "done_waiters",
         "error",
         "estimates",
+        "expected",
         "fence",
         "followers",
         "inputs",
@@ -90,8 +93,12 @@ class RegionRun:
         clears: tuple[Buffer, ...] = (),
         inputs: Sequence[Interval] | None = None,
         queues: list[Any] | None = None,
+        budget: float = 0.0,
     ) -> None:
         self.submission = submission
+        self.budget = budget
+        """Its provider's poll budget (µs): above 0, its queue is a watched device stream,
+        which asks `preflight` as it launches."""
         self.queues = queues
         """Its prepared graph's queue per region, filled in on first use (None: look it up)."""
         self.plan = plan
@@ -101,6 +108,10 @@ class RegionRun:
         self.key = key
         self.clears = clears
         """Buffers this region writes whole: running clears their poison."""
+        self.expected = False
+        """The poison book counts on its `clears` (`PoisonBook.expect`): set once it waits
+        where a later submission's check could come before it runs (see
+        `Scheduler.expect_clears`)."""
         self.inputs: Sequence[Interval] = plan.reads if inputs is None else inputs
         """The bytes it reads before writing them itself: poisoned, they refuse it."""
         self.deps: Sequence[RegionRun] = ()
@@ -267,7 +278,12 @@ class RegionRun:
         without running and will clear nothing."""
         clears, self.clears = self.clears, ()
         if clears:
-            self.submission.scheduler.poison_book.settle(clears, ran)
+            book = self.submission.scheduler.poison_book
+            if self.expected:
+                book.settle(clears, ran)
+            elif ran:
+                for buffer in clears:
+                    book.clear(buffer)
 
     def apply_failure(self, error: BaseException) -> None:
         """Poison what this region writes, once (a region that never ran poisons nothing)."""
@@ -323,7 +339,17 @@ class Submission:
         watch = self.scheduler.watch
         if not watch.watched:
             return False
-        watch.sweep(False)
+        runs = self.runs
+        last = runs[-1] if runs else None
+        started = last.started_at if last is not None else None
+        if (
+            started is None
+            or last is None
+            or perf_counter() - started >= 0.5 * last.estimates[last.plan.index]
+        ):
+            # (Not while its last region has run for less than half its usual time: the
+            # query could only say it has not finished, and the loop's next pass asks again.)
+            watch.sweep(False)
         if self.remaining and watch.watched and not watch.leader:
             watch.leader = True
             return True

@@ -177,10 +177,9 @@ class Scheduler(Outcomes):
         record = self.tracker.record
         estimates = prepared.estimates
         runs = submission.runs
-        expect = self.poison_book.expect
         queues = prepared.queues
         launched = early is not None and not isinstance(early, BaseException)
-        for region, program, provider, key, accesses, clears, inputs, coherent in steps:
+        for region, program, provider, key, accesses, clears, inputs, coherent, budget in steps:
             if launched:
                 # It runs already, so what it writes whole is no longer poisoned (nothing
                 # can have come between its launch and here).
@@ -190,8 +189,9 @@ class Scheduler(Outcomes):
                         self.poison_book.clear(buffer)
                 clears = ()
             run = RegionRun(
-                submission, region, program, provider, estimates, key, clears, inputs, queues
-            )
+                submission, region, program, provider, estimates, key, clears, inputs, queues,
+                budget,
+            )  # fmt: skip
             if coherent:  # its syncs depend on who wrote its inputs last
                 run.program = run.program_for_writers(self.tracker, coherent)
             deps: set[object] | None = None
@@ -204,8 +204,6 @@ class Scheduler(Outcomes):
                         deps |= found
             if deps:
                 run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
-            if clears:
-                expect(clears)
             runs.append(run)
         submission.remaining = len(runs)
         self.counters.submissions += 1
@@ -217,8 +215,20 @@ class Scheduler(Outcomes):
         elif admit_now:
             self._admit(submission)
         else:
+            for run in submission.runs:
+                self.expect_clears(run)
             self.waiting.append(submission)
         return submission.completion
+
+    def expect_clears(self, run: RegionRun) -> None:
+        """Tell the poison book that `run` will write its `clears` whole, once it waits
+        where a later submission's input check could come before it runs (for admission,
+        on its lane, on a queue that checks it later on another thread): that check then
+        lets the later submission through, as the poison may be cleared first. A region
+        launched on a device stream at submit needs none: its check passed as it launched."""
+        if run.clears and not run.expected:
+            run.expected = True
+            self.poison_book.expect(run.clears)
 
     def submit_hold(self, label: str, key: tuple[Lane, int], hold: LaneHold) -> Completion:
         """Admit a native stage (`NativeSession.run`): one region that takes lane `key` to
@@ -298,8 +308,9 @@ class Scheduler(Outcomes):
         still uses any of its bytes. The bookkeeping that follows then overlaps the
         device's work instead of delaying it. None when the region does not qualify.
         """
-        program, provider, key, accesses = prepared.steps[0][1:5]
-        budget_us: float = provider.poll_budget_us  # type: ignore[attr-defined]  # on a stream
+        step = prepared.steps[0]
+        program, provider, key, accesses = step[1:5]
+        budget_us = step[8]
         lane = self.lanes.get(key)
         if lane is None or lane.items or lane.current is not None:
             return None
@@ -356,6 +367,8 @@ class Scheduler(Outcomes):
                     # orders by itself: issue now, with no lane wake-up or loop iteration.
                     self._launch(run, waits)
                     continue
+            if run.clears:
+                self.expect_clears(run)
             lane.push(run)
             queued = True
         if queued and direct:
@@ -511,6 +524,9 @@ class Scheduler(Outcomes):
         run.started_at = time.perf_counter()
         index = run.plan.index
         provider = run.provider
+        budget = run.budget
+        if budget <= 0.0 and run.clears:
+            self.expect_clears(run)  # its queue checks it later, on another thread
         try:
             queues = run.queues
             if queues is None:
@@ -521,7 +537,7 @@ class Scheduler(Outcomes):
                     queue = queues[index] = provider.queue(run.key)  # type: ignore[attr-defined]
             fence = self.watch.launch(
                 queue,
-                getattr(provider, "poll_budget_us", 0.0),
+                budget,
                 run.program,
                 waits,
                 run.preflight,
