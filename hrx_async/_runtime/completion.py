@@ -96,7 +96,7 @@ YIELD_EVERY = 8
 return without yielding to the loop."""
 _finished_without_yield = 0
 
-# Guards the hand-over between `wait()` on other threads and `_resolve` on the loop. One
+# Makes threads that call `wait()` at once share one event (`_resolve` takes no lock). One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
 _THREAD_WAITERS = threading.Lock()
 _LOG = logging.getLogger("hrx_async")
@@ -154,9 +154,10 @@ class Completion:
             return
         self._error = error
         self._source = None
-        with _THREAD_WAITERS:
-            self.finished_at = time.perf_counter()
-            thread_event = self._thread_event
+        # No lock: `wait` publishes its event before it reads `finished_at`, and this reads
+        # the event after publishing `finished_at`, so one of the two sees the other.
+        self.finished_at = time.perf_counter()
+        thread_event = self._thread_event
         tasks = self._tasks
         if tasks is not None:
             self._tasks = None
@@ -351,12 +352,14 @@ class Completion:
         check = self.wait_check
         if check is not None:
             check(self)
-        with _THREAD_WAITERS:
-            if self.finished_at is not None:
-                return True
+        if self.finished_at is not None:
+            return True
+        with _THREAD_WAITERS:  # (threads that wait at once share one event)
             if self._thread_event is None:
                 self._thread_event = threading.Event()
             event = self._thread_event
+        if self.finished_at is not None:  # resolved before it could see the event
+            return True
         return event.wait(timeout)
 
     @property

@@ -103,9 +103,10 @@ class QueueWatch:
         a busy loop sweeps at no cost worth saving, and a thread could not finish
         anything sooner than the loop's next iteration anyway.
         """
-        now = time.perf_counter()
+        now = 0.0
         idle = False
         if new_pass:
+            now = time.perf_counter()
             # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
             gap = min(now - self.last_sweep, POLL_CAP_S)
             self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
