@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Sequence
 from threading import get_ident
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -339,17 +338,7 @@ class Submission:
         watch = self.scheduler.watch
         if not watch.watched:
             return False
-        runs = self.runs
-        last = runs[-1] if runs else None
-        started = last.started_at if last is not None else None
-        if (
-            started is None
-            or last is None
-            or perf_counter() - started >= 0.5 * last.estimates[last.plan.index]
-        ):
-            # (Not while its last region has run for less than half its usual time: the
-            # query could only say it has not finished, and the loop's next pass asks again.)
-            watch.sweep(False)
+        watch.sweep(False)
         if self.remaining and watch.watched and not watch.leader:
             watch.leader = True
             return True
