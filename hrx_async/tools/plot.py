@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from hrx_async._core.install import install_hint
+from hrx_async._core.lane import Lane
 from hrx_async._core.trace import ExecutionTrace, lane_name
 from hrx_async.errors import ContractError, Unsupported
 from hrx_async.files import NotRegularFile, open_regular
 
 _OK_COLOR = "tab:blue"
 _FAILED_COLOR = "tab:red"
+_KIND_COLORS = {"GPU": "tab:blue", "NPU": "tab:orange", "host": "tab:gray"}
+"""Bar colours by the kind of work a row runs (a runtime trace's lanes); other rows blue."""
 _INSTALL = install_hint("plot")
 _LABEL_POINTS = 7.0
 """Font size of bar labels; a character is taken as about 0.6 of it wide."""
@@ -50,6 +53,9 @@ class Timeline:
 
     rows: tuple[str, ...]
     spans: tuple[Span, ...]
+    kinds: tuple[str, ...] = ()
+    """Per row, the kind of work it runs ("GPU", "NPU" or "host"), for a runtime trace;
+    empty for other traces (their rows are threads of unknown kind)."""
 
     @classmethod
     def from_trace(cls, trace: ExecutionTrace) -> Timeline:
@@ -62,7 +68,19 @@ class Timeline:
             )
             for e in trace.events
         ]
-        return cls(tuple(lane_name(lane, device) for lane, device in keys), _numbered(spans))
+        return cls(
+            tuple(lane_name(lane, device) for lane, device in keys),
+            _numbered(spans),
+            tuple(_work_kind(lane) for lane, _ in keys),
+        )
+
+
+def _work_kind(lane: Lane) -> str:
+    if lane is Lane.NPU:
+        return "NPU"
+    if lane is Lane.HOST:
+        return "host"
+    return "GPU"
 
 
 def _numbered(spans: list[Span]) -> tuple[Span, ...]:
@@ -229,8 +247,10 @@ def plot_timeline(
 
     One row per lane (or thread), one bar per region from its start to its end, in
     milliseconds after the first event, labelled with its name (graph#region and replay
-    for an `ExecutionTrace`) where the bar is wide enough. Failed regions are hatched red.
-    The legend sits below the axes, clear of every bar.
+    for an `ExecutionTrace`) where the bar is wide enough. For an `ExecutionTrace` bars are
+    coloured by the kind of work (GPU blue, NPU orange, host gray) and the legend names
+    each kind shown. Failed regions are hatched red. The legend sits below the axes, clear
+    of every bar.
     """
     timeline = Timeline.from_trace(trace) if isinstance(trace, ExecutionTrace) else trace
     if not timeline.spans:
@@ -244,6 +264,7 @@ def plot_timeline(
     origin_us = min(span.start_us for span in timeline.spans)
     end_ms = max((s.start_us + s.duration_us - origin_us) / 1000.0 for s in timeline.spans)
 
+    kinds = timeline.kinds if len(timeline.kinds) == len(rows) else ("",) * len(rows)
     # One broken_barh call per row and state keeps the artist count (and the file) small.
     bars: dict[tuple[int, bool], list[tuple[float, float]]] = {}
     for span in timeline.spans:
@@ -264,8 +285,9 @@ def plot_timeline(
                 linewidth=0.8,
             )
         else:
+            color = _KIND_COLORS.get(kinds[index], _OK_COLOR)
             axes.broken_barh(
-                spans, (index - 0.4, 0.8), facecolors=_OK_COLOR, edgecolors="black", linewidth=0.3
+                spans, (index - 0.4, 0.8), facecolors=color, edgecolors="black", linewidth=0.3
             )
     axes.set_yticks(range(len(rows)), list(rows))
     axes.set_ylim(-0.6, len(rows) - 0.4)
@@ -277,7 +299,10 @@ def plot_timeline(
     if title is not None:
         axes.set_title(title)
     _label_bars(axes, figure, timeline, origin_us, end_ms)
-    handles = [Patch(facecolor=_OK_COLOR, edgecolor="black", label="region (label: name, replay)")]
+    handles = [
+        Patch(facecolor=color, edgecolor="black", label=label)
+        for label, color in legend_entries(timeline)
+    ]
     if any(failed for _, failed in bars):
         handles.append(
             Patch(facecolor="none", edgecolor=_FAILED_COLOR, hatch="///", label="failed")
@@ -295,12 +320,29 @@ def plot_timeline(
     figure.savefig(os.fspath(path), dpi=100)
 
 
+def legend_entries(timeline: Timeline) -> list[tuple[str, str]]:
+    """The legend's (label, colour) entries for the bars that did not fail: one per kind of
+    work shown ("GPU work", "NPU work", "host work") for a runtime trace, else one for all."""
+    kinds = timeline.kinds
+    if len(kinds) != len(timeline.rows):
+        return [("region (label: name, replay)", _OK_COLOR)]
+    shown = {kinds[span.row] for span in timeline.spans if not span.failed}
+    return [(f"{kind} work", color) for kind, color in _KIND_COLORS.items() if kind in shown]
+
+
+def _text_color(span: Span, kinds: tuple[str, ...]) -> str:
+    # Dark text on hatched (failed), gray and orange bars; light text on blue ones.
+    light = not kinds or kinds[span.row] == "GPU"
+    return "white" if light and not span.failed else "black"
+
+
 def _label_bars(
     axes: Any, figure: Any, timeline: Timeline, origin_us: float, end_ms: float
 ) -> None:
     """Write each bar's label in it: the whole label if it fits, else its replay, else none."""
     width_points = figure.get_figwidth() * 72 * 0.8
     points_per_ms = width_points / (end_ms * 1.01) if end_ms > 0 else 0.0
+    kinds = timeline.kinds
     for span in timeline.spans:
         room = span.duration_us / 1000.0 * points_per_ms
         text = span.label
@@ -315,7 +357,7 @@ def _label_bars(
             ha="center",
             va="center",
             fontsize=_LABEL_POINTS,
-            color="black" if span.failed else "white",
+            color=_text_color(span, kinds),
             clip_on=True,
         )
 
@@ -324,6 +366,7 @@ __all__ = [
     "Span",
     "Timeline",
     "check_picture_path",
+    "legend_entries",
     "load_timeline",
     "picture_formats",
     "plot_timeline",
