@@ -197,9 +197,18 @@ def torch_preprocess(pictures: Any, size: int) -> Any:
     x = pictures.permute(0, 3, 1, 2).float()
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
     x = x.add_(0.5).floor_().clamp_(0, 255)
-    mean = torch.tensor(MEAN, device=x.device).view(1, C, 1, 1)
-    std = torch.tensor(STD, device=x.device).view(1, C, 1, 1)
+    constants = _NORMALIZE.get(x.device)
+    if constants is None:
+        # Made once per device: a small tensor made from a list is a blocking copy to a GPU.
+        mean = torch.tensor(MEAN, device=x.device).view(1, C, 1, 1)
+        std = torch.tensor(STD, device=x.device).view(1, C, 1, 1)
+        constants = _NORMALIZE[x.device] = (mean, std)
+    mean, std = constants
     return x.mul_(1 / 255).sub_(mean).div_(std)
+
+
+_NORMALIZE: dict[Any, tuple[Any, Any]] = {}
+"""`torch_preprocess`' mean and std tensors, by device."""
 
 
 def reference_top5(model: Any, pictures: Array, size: int) -> tuple[Array, Array]:

@@ -259,7 +259,9 @@ async def test_png_and_jpeg_requests_match_raw_pixels(hrx_backend: str) -> None:
             )
         ).json()
         direct = (await client.post("/v1/classify", **raw(picture))).json()
-        assert png == direct  # a lossless file is its pixels
+        # A lossless file is its pixels: the same answer, up to the device's rounding.
+        assert png["classes"] == direct["classes"]
+        np.testing.assert_allclose(png["scores"], direct["scores"], rtol=1e-5)
 
 
 @pytest.mark.anyio
