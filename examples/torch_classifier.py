@@ -300,8 +300,10 @@ class Answer(NamedTuple):
 
 class TorchRegion:
     """The PyTorch work of one prepared graph, for `Graph.external`: the model on the
-    region's f32 input [batch, 3, size, size], softmax, top-5, written into its output
-    (scores [batch, 5] f32, then classes [batch, 5] i32).
+    region's f32 input [batch, 3, size, size], softmax, top-5, written into its output, the
+    slot's whole answer buffer: scores [batch, 5] f32, then classes [batch, 5] i32, then
+    zeros. Writing all of it clears the poison a failed run left there (poison is cleared
+    only by a whole-buffer write), so one failure does not fail the slot's later batches.
 
     Called once per replay with the same tensors (the graph's buffers), so the PyTorch
     views of them are made on the first call and kept. On CUDA (and HIP) the work is
@@ -314,10 +316,10 @@ class TorchRegion:
         self.model = model
         self.batch = batch
         self.size = size
-        self.views: tuple[Any, Any, Any, Any] | None = None
+        self.views: tuple[Any, Any, Any, Any, Any] | None = None
         self.streams: dict[int, Any] = {}
 
-    def _wrap(self, tensors: Sequence[Any], on_device: bool) -> tuple[Any, Any, Any, Any]:
+    def _wrap(self, tensors: Sequence[Any], on_device: bool) -> tuple[Any, Any, Any, Any, Any]:
         import torch
 
         source, target = tensors
@@ -333,7 +335,7 @@ class TorchRegion:
         x = raw_x.view(torch.float32).view(b, C, s, s)
         scores = raw_out[:half].view(torch.float32).view(b, TOP)
         classes = raw_out[half : 2 * half].view(torch.int32).view(b, TOP)
-        return source, x, scores, classes
+        return source, x, scores, classes, raw_out[2 * half :]
 
     def __call__(self, stream: int | None, tensors: Sequence[Any]) -> None:
         import torch
@@ -341,23 +343,25 @@ class TorchRegion:
         views = self.views
         if views is None or views[0] is not tensors[0]:
             views = self.views = self._wrap(tensors, stream is not None)
-        _, x, scores_out, classes_out = views
+        _, x, *outputs = views
         if stream is None:
-            self._forward(x, scores_out, classes_out)
+            self._forward(x, *outputs)
             return
         lane = self.streams.get(stream)
         if lane is None:
             lane = self.streams[stream] = torch.cuda.ExternalStream(stream, device=x.device)
         with torch.cuda.stream(lane):
-            self._forward(x, scores_out, classes_out)
+            self._forward(x, *outputs)
 
-    def _forward(self, x: Any, scores_out: Any, classes_out: Any) -> None:
+    def _forward(self, x: Any, scores_out: Any, classes_out: Any, rest: Any) -> None:
         import torch
 
         scores, classes = top5(self.model, x)
         with torch.inference_mode():
             scores_out.copy_(scores)
             classes_out.copy_(classes)  # int64 -> int32: class indices are below 1000
+            if rest.numel():
+                rest.zero_()
 
 
 @dataclass
@@ -427,7 +431,9 @@ class Classifier:
             rt.allocate(b * ANSWER_BYTES, hrx.HOST_VISIBLE, f"answers-{index}"),
         )
 
-    async def _record(self, pipeline: Pipeline, batch: int, height: int, width: int) -> Any:
+    async def _record(
+        self, pipeline: Pipeline, batch: int, height: int, width: int
+    ) -> hrx.PreparedGraph:
         """upload -> resize -> normalize -> PyTorch -> download, for `batch` pictures."""
         s, raw_bytes, answer = self.size, batch * height * width * C, batch * ANSWER_BYTES
         raw = Tensor(
@@ -440,12 +446,10 @@ class Classifier:
         await self.ops.resize(g, raw, small, "bilinear")
         await self.ops.normalize(g, small, x, MEAN, STD)
         region = TorchRegion(self.model, batch, s)
-        g.external(
-            region,
-            [(x.data, hrx.Access.READ), (pipeline.out.view(0, answer), hrx.Access.WRITE)],
-        )
+        g.external(region, [(x.data, hrx.Access.READ), (pipeline.out.view(), hrx.Access.WRITE)])
         g.copy(pipeline.staging_out.view(0, answer), pipeline.out.view(0, answer))
-        return g.prepare()
+        step: hrx.PreparedGraph = g.prepare()
+        return step
 
     async def step(
         self, pipeline: Pipeline, batch: int, height: int, width: int
@@ -474,8 +478,8 @@ class Classifier:
         step = await self.step(pipeline, batch, height, width)
         # The slot is handed out idle, so nothing is pending on its staging.
         with pipeline.staging_in.map_write_nowait() as memory:
-            staging = np.frombuffer(memory, np.uint8, n * height * width * C)
-            staging = staging.reshape(n, height, width, C)
+            count = n * height * width * C
+            staging = np.frombuffer(memory, np.uint8, count).reshape(n, height, width, C)
             if staging.nbytes > OFFLOAD_BYTES:
                 await anyio.to_thread.run_sync(_fill, staging, pictures)
             else:
@@ -483,8 +487,8 @@ class Classifier:
         await slot.submit(step)
         with pipeline.staging_out.map_read_nowait() as memory:
             scores = np.frombuffer(memory, np.float32, batch * TOP).reshape(batch, TOP)
-            classes = np.frombuffer(memory, np.int32, batch * TOP, batch * TOP * 4)
-            classes = classes.reshape(batch, TOP)
+            offset = batch * TOP * 4
+            classes = np.frombuffer(memory, np.int32, batch * TOP, offset).reshape(batch, TOP)
             answers = [Answer(classes[i].tolist(), scores[i].tolist()) for i in range(n)]
         self.batches_run += 1
         self.pictures_run += n

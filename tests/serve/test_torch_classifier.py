@@ -125,11 +125,12 @@ def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as caught:
         example.main(["--port", "70000"])
     assert caught.value.code == 64
-    for options, reason in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"batch": 17}, "batch must be an integer in 1..16"),
         ({"size": 16}, "size must be an integer >= 32"),
         ({"model": "alexnet"}, "model must be one of resnet18, resnet50"),
-    ]:
+    ]
+    for options, reason in cases:
         with pytest.raises(ValueError, match=reason):
             example.create_app("sim", **options)
 
@@ -297,3 +298,27 @@ async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(
         reply = await client.post("/v1/classify", **raw(good))
         assert reply.status_code == 200, reply.text
         Reference(example, hrx_backend, 32).check(good, reply.json())
+
+
+@pytest.mark.anyio
+async def test_a_failing_model_run_fails_its_requests_only(
+    hrx_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with serving(hrx_backend, 32, batch=2, slots=1) as (example, app, _client):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://classifier") as client:
+            picture = np.full((12, 12, 3), 77, np.uint8)
+            assert (await client.post("/v1/classify", **raw(picture))).status_code == 200
+            top5 = example.top5
+
+            def broken(model: Any, x: Any) -> Any:
+                raise RuntimeError("the model failed")
+
+            monkeypatch.setattr(example, "top5", broken)
+            assert (await client.post("/v1/classify", **raw(picture))).status_code == 500
+            monkeypatch.setattr(example, "top5", top5)
+            # The one slot's answer buffer was poisoned by the failure; the next run of
+            # the model rewrites all of it, so its answers come through.
+            reply = await client.post("/v1/classify", **raw(picture))
+            assert reply.status_code == 200, reply.text
+            Reference(example, hrx_backend, 32).check(picture[None], reply.json())
