@@ -96,11 +96,15 @@ def picture_of(shape: tuple[int, int], seed: int) -> np.ndarray[Any, Any]:
 # -- servers --------------------------------------------------------------------------------
 
 
-def threads_app(example: ModuleType, model_name: str, size: int, device: str = "cuda") -> Any:
+def threads_app(
+    example: ModuleType, model_name: str, size: int, max_side: int, device: str = "cuda"
+) -> Any:
     """(a) A plain `def` endpoint: FastAPI runs it in its thread pool (anyio's, 40 threads),
-    eagerly: PyTorch's default stream, a blocking copy in, `.cpu()` out."""
+    eagerly: PyTorch's default stream, a blocking copy in, `.cpu()` out. Answers are made
+    as the runtime's are (a JSONResponse), so only the serving path differs."""
     import torch
     from fastapi import Depends, FastAPI, Header, HTTPException, Request
+    from fastapi.responses import JSONResponse
 
     model = example.build_model(model_name, device)
     app = FastAPI(title="threads baseline")
@@ -116,29 +120,33 @@ def threads_app(example: ModuleType, model_name: str, size: int, device: str = "
     def classify(
         body: Annotated[bytes, Depends(body_of)],
         x_image_shape: Annotated[str | None, Header()] = None,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         try:
-            pictures = example.decode_raw(body, x_image_shape, None, example.MAX_SIDE, 16)
+            pictures = example.decode_raw(body, x_image_shape, None, max_side, 16)
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         with torch.inference_mode():
             x = torch.from_numpy(pictures).to(device)
             scores, classes = example.top5(model, example.torch_preprocess(x, size))
-            return {
-                "classes": classes.cpu().tolist(),
-                "scores": scores.cpu().tolist(),
-                "model": model_name,
-            }
+            answer = {"classes": classes.cpu().tolist(), "scores": scores.cpu().tolist()}
+        return JSONResponse({**answer, "model": model_name})
 
     return app
 
 
 def event_poll_app(
-    example: ModuleType, model_name: str, size: int, streams: int, device: str = "cuda"
+    example: ModuleType,
+    model_name: str,
+    size: int,
+    max_side: int,
+    streams: int,
+    device: str = "cuda",
 ) -> Any:
-    """(b) An `async def` endpoint: the work on a stream, then `sleep(0)` until an event."""
+    """(b) An `async def` endpoint: the work on one of `streams` streams in turn, then
+    `sleep(0)` until an event recorded after it has passed."""
     import torch
     from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse
 
     model = example.build_model(model_name, device)
     pool = itertools.cycle([torch.cuda.Stream() for _ in range(streams)])
@@ -149,11 +157,11 @@ def event_poll_app(
         return {"ok": True}
 
     @app.post("/v1/classify")
-    async def classify(request: Request) -> dict[str, Any]:
+    async def classify(request: Request) -> JSONResponse:
         body = await request.body()
         try:
             pictures = example.decode_raw(
-                body, request.headers.get("x-image-shape"), None, example.MAX_SIDE, 16
+                body, request.headers.get("x-image-shape"), None, max_side, 16
             )
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
@@ -170,11 +178,8 @@ def event_poll_app(
             done.record()
         while not done.query():
             await asyncio.sleep(0)
-        return {
-            "classes": classes_host.tolist(),
-            "scores": scores_host.tolist(),
-            "model": model_name,
-        }
+        answer = {"classes": classes_host.tolist(), "scores": scores_host.tolist()}
+        return JSONResponse({**answer, "model": model_name})
 
     return app
 
@@ -189,9 +194,9 @@ def serve(variant: str, args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     example = load_example()
     if variant == "threads":
-        app = threads_app(example, args.model, args.size)
+        app = threads_app(example, args.model, args.size, args.max_side)
     elif variant == "event_poll":
-        app = event_poll_app(example, args.model, args.size, args.streams)
+        app = event_poll_app(example, args.model, args.size, args.max_side, args.streams)
     else:
         app = example.create_app(
             args.backend, args.model, args.size, args.slots, args.batch, args.max_side
