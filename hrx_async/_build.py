@@ -20,6 +20,7 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.completion",
     "hrx_async._runtime.poison",
     "hrx_async._runtime.region",
+    "hrx_async._runtime.region_owner",
     "hrx_async._runtime.outcomes",
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",

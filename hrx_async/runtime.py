@@ -31,6 +31,7 @@ from ._core.memory import (
 )
 from ._core.stats import Counters, Statistics
 from ._core.trace import ExecutionTrace, TraceRecorder
+from ._runtime.completion import Completion
 from ._runtime.interop import GpuAccess
 from ._runtime.native import NativeSession
 from ._runtime.prepared import PreparedGraph
@@ -340,13 +341,20 @@ class Runtime:
     def _release_buffer(self, buffer: Buffer) -> None:
         self._opened().release_buffer(buffer)
 
-    def owns(self, view: View | Buffer) -> bool:
-        """Whether `view` (a `View` or a `Buffer`) was allocated by this runtime's domain.
+    def owns(self, view: View | Buffer | Completion) -> bool:
+        """Whether `view` (a `View` or a `Buffer`) was allocated by this runtime's domain, or
+        a `Completion` came from a submission to this runtime (what `after=` accepts; False
+        before `async with` and for one of an earlier opening).
 
         `ContractError` for anything else."""
+        if isinstance(view, Completion):
+            scheduler = self._scheduler
+            return scheduler is not None and view.owner is scheduler
         buffer = view.buffer if isinstance(view, View) else view
         if not isinstance(buffer, Buffer):
-            raise ContractError(f"owns() takes a View or a Buffer, got {_validate.shown(view)}")
+            raise ContractError(
+                f"owns() takes a View, a Buffer or a Completion, got {_validate.shown(view)}"
+            )
         return buffer.domain is self.domain
 
     def same_domain(self, other: Runtime) -> bool:

@@ -6,8 +6,7 @@ its imports are resolved to the package's own modules:
 
 * an import inside a function counts (it runs whenever the function does), and so
   does one under `if TYPE_CHECKING:` (the design depends on it even if a run does not):
-  a cycle through typing-only imports is a cycle too, unless `TYPING_CYCLES` names the
-  import with the reason it stays;
+  a cycle through typing-only imports is a cycle too;
 * `from P import x` depends on submodule `P.x` when there is one, else on P
   itself (a package's `__init__`); importing from a package that does not
   contain the importer also runs that package's `__init__` (and those of the
@@ -428,35 +427,14 @@ def test_the_walk_sees_the_whole_package(package: Package) -> None:
     assert len(package.files) == len(list(ROOT.rglob("*.py")))
 
 
-TYPING_CYCLES: dict[tuple[str, str], str] = {
-    ("hrx_async._runtime.region", "hrx_async._runtime.scheduler"): (
-        "region.py and scheduler.py are compiled together by mypyc: a region reaches its "
-        "submission's Scheduler typed as the class itself, which makes those calls native"
-    ),
-    ("hrx_async.models.chain", "hrx_async.models.inference"): (
-        "inside hrx_async.models (its own work): chain types what inference passes it"
-    ),
-}
-"""Typing-only imports on a cycle that stay, each with its reason: the cycle check leaves
-them out, and a test checks that each is still there and still typing only."""
-
 
 def test_no_import_cycles_counting_typing_imports(
     analysed: tuple[list[Edge], list[PrivateImport]],
 ) -> None:
-    edges = [e for e in analysed[0] if (e.source, e.target) not in TYPING_CYCLES]
-    cycles = find_cycles(edges)
+    cycles = find_cycles(analysed[0])
     assert not cycles, f"{len(cycles)} import cycle(s) between modules of {PACKAGE}:\n" + "\n".join(
         f"  {describe_cycle(cycle)}" for cycle in cycles
     )
-
-
-def test_the_typing_cycles_left_are_still_typing_only(
-    analysed: tuple[list[Edge], list[PrivateImport]],
-) -> None:
-    for pair in TYPING_CYCLES:
-        found = [e for e in analysed[0] if (e.source, e.target) == pair]
-        assert found and all(e.typing_only for e in found), f"{pair}: gone or no longer typing only"
 
 
 def test_each_import_stays_in_its_layer_or_below(

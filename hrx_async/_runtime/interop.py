@@ -25,6 +25,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -152,10 +153,9 @@ class _ExternalToken(MappingToken):
         )
 
 
-def _finish_external(run: RegionRun) -> None:
+def _finish_external(scheduler: Scheduler, run: RegionRun) -> None:
     if run.state >= DONE:
         return
-    scheduler = run.submission.scheduler
     fence = run.fence
     error = fence.error() if fence is not None else None
     scheduler.tracker.forget(run)
@@ -190,7 +190,7 @@ def _order_after(
     for buffer, writes_buffer in uses:
         scheduler.tracker.record(buffer.ident, 0, buffer.nbytes, writes_buffer, run)
     notifier = scheduler.notifier
-    fence.add_done_callback(lambda _: notifier.post(_finish_external, run))
+    fence.add_done_callback(lambda _: notifier.post(partial(_finish_external, scheduler), run))
 
 
 # -- adopting ------------------------------------------------------------------------------

@@ -18,19 +18,18 @@ from .._core.stats import Counters
 from .._core.trace import TraceEvent, TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
-from .poison import PoisonBook
 from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
+from .region_owner import RegionOwner
 
 _UNREAD: BaseException = BaseException("the fence's error was not read yet")
 """`fence_done`'s default: the caller did not read the fence's error."""
 
 
-class Outcomes:
+class Outcomes(RegionOwner):
     """How regions end and submissions finish; the state it needs is the scheduler's."""
 
     counters: Counters
     tracker: AccessTracker[object]
-    poison_book: PoisonBook
     settling: collections.deque[RegionRun]
     trace: TraceRecorder | None
     trace_origin: float

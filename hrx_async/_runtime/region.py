@@ -28,12 +28,12 @@ from ..errors import (
     PoisonedError,
 )
 from .completion import Completion
+from .region_owner import RegionOwner
 
 if TYPE_CHECKING:
     from .._core.memory import Buffer
     from .._core.tracker import AccessTracker
     from ..backends.base import Fence
-    from .scheduler import Scheduler
 
 QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
 CHECKING = object()
@@ -310,7 +310,7 @@ class Submission:
         "skipped",
     )
 
-    def __init__(self, scheduler: Scheduler, label: str, after: tuple[Completion, ...]) -> None:
+    def __init__(self, scheduler: RegionOwner, label: str, after: tuple[Completion, ...]) -> None:
         self.scheduler = scheduler
         self.label = label
         self.after = after

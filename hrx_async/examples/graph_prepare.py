@@ -1,11 +1,11 @@
 """What dependency inference costs when a graph is recorded and prepared.
 
-For 128, 512, 1024 and 2048 nodes: time recording and preparing a chain of
-fills on one 4 KiB buffer, where the runtime infers every edge, against
-preparing the same chain directly on the backend with its order given
-explicitly (no inference). The inferred graph then runs once. The heap is
-collected and frozen before each timing (`benchmark.quiet_gc`), so a garbage
-collection owed to an earlier size does not land in a later one.
+For 128, 512, 1024 and 2048 nodes: time recording a chain of fills on one 4 KiB buffer
+and inferring every edge between them (`Graph.plan`: regions, edges, access summaries),
+and, separately, recording the same chain and preparing it (`Graph.prepare`: the plan
+plus the backend's programs). The prepared graph then runs once. The heap is collected
+and frozen before each timing (`benchmark.quiet_gc`), so a garbage collection owed to an
+earlier size does not land in a later one.
 
 usage: graph_prepare
 """
@@ -17,8 +17,6 @@ import time
 from collections.abc import Sequence
 
 from .. import GPU_LOCAL, Runtime
-from .._core.lane import Lane
-from .._core.ops import Fill
 from ..tools.benchmark import quiet_gc
 from .common import ExampleFailed, ExampleResult, ExampleSpec, Report, UsageError, main_for
 
@@ -38,27 +36,28 @@ async def run(counts: tuple[int, ...], backend: str, report: Report) -> ExampleR
     rows: list[dict[str, int]] = []
     async with Runtime(backend=backend, label=NAME) as rt:
         buffer = rt.allocate(BUFFER_BYTES, GPU_LOCAL, "buffer")
-        native = rt._backend_or_raise()
         for count in counts:
             report.progress(f"{count} nodes", force=True)
+            with quiet_gc():
+                begin = time.perf_counter()
+                graph = rt.graph(f"plan{count}")
+                for _ in range(count):
+                    graph.fill(buffer.view(), 0)
+                plan = graph.plan()
+                plan_us = int((time.perf_counter() - begin) * 1e6)
+
             with quiet_gc():
                 begin = time.perf_counter()
                 graph = rt.graph(f"chain{count}")
                 for _ in range(count):
                     graph.fill(buffer.view(), 0)
                 prepared = graph.prepare()
-                inferred_us = int((time.perf_counter() - begin) * 1e6)
+                prepare_us = int((time.perf_counter() - begin) * 1e6)
 
-            with quiet_gc():
-                begin = time.perf_counter()
-                chain = [Fill(buffer.view(), 0) for _ in range(count)]
-                native.prepare_region(Lane.COMPUTE, chain)
-                explicit_us = int((time.perf_counter() - begin) * 1e6)
-
-            if len(prepared.nodes) != count:
-                raise ExampleFailed(f"prepared {len(prepared.nodes)} nodes, recorded {count}")
-            report.line(f"nodes={count} inferred_us={inferred_us} explicit_us={explicit_us}")
-            rows.append({"nodes": count, "inferred_us": inferred_us, "explicit_us": explicit_us})
+            if len(plan.nodes) != count or len(prepared.nodes) != count:
+                raise ExampleFailed(f"planned {len(plan.nodes)} nodes, recorded {count}")
+            report.line(f"nodes={count} plan_us={plan_us} prepare_us={prepare_us}")
+            rows.append({"nodes": count, "plan_us": plan_us, "prepare_us": prepare_us})
             await prepared.submit()
         backend_name = rt.backend_name
     return ExampleResult({"backend": backend_name, "rows": rows})

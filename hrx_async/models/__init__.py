@@ -15,9 +15,10 @@ from .artifacts import (
     write_safetensors,
 )
 from .chain import Inference, SlotLease
+from .context import ModelContext, SlotIO
 from .device import DeviceTensor, LeasedView
 from .fragment import ModelDefinition, ModelFragment
-from .inference import ModelContext, ModelSlot, PreparedModel, SlotIO
+from .inference import ModelSlot, PreparedModel
 from .jobs import Job, Jobs, JobState
 from .plan_cache import PlanCache, PlanCacheStats, PlanHandle
 from .region import Dispatch, Fill, Region, RegionBinding

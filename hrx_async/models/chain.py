@@ -26,7 +26,7 @@ sees the values the upstream run wrote.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._core.memory import HOST_VISIBLE, View
 from .._runtime.completion import Completion
@@ -34,14 +34,23 @@ from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
 from ..serve.slots import Slot
 from . import _check
+from .context import ModelContext, SlotIO
 from .device import DeviceTensor
 from .tensor import Tensor
 
-if TYPE_CHECKING:
-    from .inference import PreparedModel, SlotIO
-
 COPY_GRAPHS_PER_INPUT = 4
 """Copy graphs kept per slot input, keyed by the source bytes (chains reuse few sources)."""
+
+
+class LeasedModel(Protocol):
+    """What a lease needs of the prepared model it holds a slot of (`PreparedModel`)."""
+
+    label: str
+    context: ModelContext
+    copy_graphs: int
+    """Copy graphs made so far for chained inputs (a statistic the model reports)."""
+    staging_buffers: int
+    """Host staging buffers made so far (a statistic the model reports)."""
 
 
 class SlotLease:
@@ -50,7 +59,7 @@ class SlotLease:
 
     __slots__ = ("__weakref__", "_slot", "model")
 
-    def __init__(self, model: PreparedModel, slot: Slot[SlotIO]) -> None:
+    def __init__(self, model: LeasedModel, slot: Slot[SlotIO]) -> None:
         self.model = model
         self._slot: Slot[SlotIO] | None = slot
 

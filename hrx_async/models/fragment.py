@@ -52,8 +52,9 @@ from .._core.graph import Graph
 from .._core.memory import Buffer, Placement, View
 from ..errors import ContractError
 from . import _check
+from .context import ModelContext, SlotIO
 from .device import DeviceTensor, LeasedView
-from .inference import ModelContext, PreparedModel, SlotIO
+from .inference import PreparedModel
 from .region import Arena, Command, Fill, Region, check_commands, record_commands, regions_of
 from .scratch import ScratchPlanner
 from .tensor import Tensor, TensorDesc

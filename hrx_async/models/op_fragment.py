@@ -28,8 +28,8 @@ from typing import Any
 from .._core.kernels import GpuKernel
 from .._core.memory import GPU_LOCAL, Placement
 from ..errors import ContractError
+from .context import ModelContext
 from .fragment import ModelDefinition, ModelFragment
-from .inference import ModelContext
 from .region import Arena, Command, Region
 from .session import as_bytes, write_view
 from .tensor import TensorDesc

@@ -40,7 +40,7 @@ from .._runtime.prepared import PreparedGraph
 from ..errors import ContractError
 from ..runtime import Runtime
 from . import _check
-from .inference import ModelContext
+from .context import ModelContext
 from .region import Arena, Command, Region, check_commands, record_commands, regions_of
 
 if TYPE_CHECKING:

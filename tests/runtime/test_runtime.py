@@ -408,6 +408,16 @@ async def test_views_from_another_runtime_are_rejected(hrx_backend: str) -> None
         assert not one.same_domain(two)
 
 
+async def test_a_runtime_owns_the_completions_of_its_own_submissions(hrx_backend: str) -> None:
+    async with hrx.Runtime(backend=hrx_backend) as one, hrx.Runtime(backend=hrx_backend) as two:
+        graph = two.graph("fill")
+        graph.fill(two.allocate(16, hrx.HOST_VISIBLE).view(), 1)
+        completion = graph.prepare().submit()
+        assert two.owns(completion) and not one.owns(completion)
+        await completion
+        assert two.owns(completion)  # still its own once done
+
+
 async def test_replay_allocates_nothing(hrx_backend: str) -> None:
     import tracemalloc
 
