@@ -68,8 +68,9 @@ def region(
     (a warm-up that initialises libraries such as cuBLAS; nothing orders work on the
     region's own memory at that time), then is captured over the region's tensors into a
     `torch.cuda.CUDAGraph` with its own memory pool, on a side stream; each replay is one
-    `graph.replay()` on the lane's stream. A capture that fails makes `prepare()` raise
-    `ContractError`.
+    `graph.replay()` on the lane's stream. A warm-up or capture that fails makes `prepare()`
+    raise `ContractError` (PyTorch's allocator may keep the memory pool of a capture that
+    failed, as after any failed `torch.cuda.graph`: fix the function, do not retry).
 
     On `sim`, `fn` runs on the compute lane's worker thread over CPU tensors sharing the
     runtime's memory (`torch.from_numpy`), the captured form eagerly, so the same graph
@@ -165,26 +166,32 @@ class TorchWork:
             raise
         except Exception as exc:
             raise ContractError(f"{self!r}: PyTorch cannot use the region's memory: {exc}") from exc
+        # One context for every replay: replays of a region are issued one at a time, from
+        # the loop's thread, and entering it again restores what was current before.
+        on_lane = torch.cuda.stream(lane)
         if self.captured:
-            return _captured(self, typed, device, lane)
+            return _captured(self, typed, device, on_lane)
         fn = self.fn
 
         def run(stream: Any, tensors: Any) -> object:
-            with torch.cuda.stream(lane):
+            with on_lane:
                 return fn(*typed)
 
         return run
 
 
-def _captured(work: TorchWork, typed: list[Any], device: Any, lane: Any) -> Replay:
-    """Capture `work` over `typed` into a CUDA graph; the replay that launches it on `lane`."""
+def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> Replay:
+    """Capture `work` over `typed` into a CUDA graph; the replay that launches it inside
+    `on_lane`, the lane stream's context."""
     fn = work.fn
     side = torch.cuda.Stream(device=device)
+    stage = "its warm-up run"
     try:
         with torch.cuda.device(device), torch.cuda.stream(side):
             # Allocated on the side stream, so the warm-up's memory is reused only after it.
             scratch = [torch.zeros_like(tensor) for tensor in typed]
             enqueued_only(fn, fn(*scratch))
+            stage = "capturing it into a CUDA graph"
             graph = torch.cuda.CUDAGraph()
             # Thread-local: the runtime's waiter threads keep querying events meanwhile,
             # which the global mode would count as unsafe calls during a capture.
@@ -200,10 +207,10 @@ def _captured(work: TorchWork, typed: list[Any], device: Any, lane: Any) -> Repl
     except HrxError:
         raise
     except Exception as exc:
-        raise ContractError(f"{work!r}: capturing it into a CUDA graph failed: {exc}") from exc
+        raise ContractError(f"{work!r}: {stage} failed: {exc}") from exc
 
     def replay(stream: Any, tensors: Any) -> None:
-        with torch.cuda.stream(lane):
+        with on_lane:
             graph.replay()
 
     return replay

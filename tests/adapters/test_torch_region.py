@@ -285,10 +285,13 @@ async def test_a_captured_region_replays_its_cuda_graph_once_per_replay(
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         host = rt.allocate(n * 4, hrx.HOST_VISIBLE)
         x, y = rt.allocate(n * 4, hrx.GPU_LOCAL), rt.allocate(n * 4, hrx.GPU_LOCAL)
-        calls: list[tuple[int, bool]] = []
+        calls: list[tuple[int, bool, bool]] = []
 
         def add(source: Any, target: Any) -> None:
-            calls.append((source.data_ptr(), bool((source == 0).all())))
+            capturing = torch.cuda.is_current_stream_capturing()
+            # Reading values back synchronises: only outside the capture.
+            zeros = not capturing and bool((source == 0).all())
+            calls.append((source.data_ptr(), capturing, zeros))
             torch.add(source, 1, out=target)
 
         graph = rt.graph("captured-add")
@@ -303,8 +306,9 @@ async def test_a_captured_region_replays_its_cuda_graph_once_per_replay(
         graph.copy(host.view(), y.view())
         prepared = graph.prepare()
         assert len(calls) == 2 and replays == []
-        lane_pointer = calls[1][0]
-        assert calls[0][0] != lane_pointer and calls[0][1]  # scratch, zeroed
+        (scratch, warm_capturing, zeroed), (own, capturing, _) = calls
+        assert scratch != own and zeroed and not warm_capturing  # the warm-up
+        assert own == prepared.programs[1].tensors[0].pointer and capturing  # the capture
         default = torch.cuda.current_stream().cuda_stream
         for replay in range(5):
             await write_bytes(host, floats(np.full(n, replay, F32)))
