@@ -193,8 +193,9 @@ def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> R
             enqueued_only(fn, fn(*scratch))
             stage = "capturing it into a CUDA graph"
             graph = torch.cuda.CUDAGraph()
-            # Thread-local: the runtime's waiter threads keep querying events meanwhile,
-            # which the global mode would count as unsafe calls during a capture.
+            # Thread-local, as the runtime's own captures are: in the global mode a call CUDA
+            # counts as potentially unsafe during a capture fails in every thread, and the
+            # runtime's waiter threads keep calling into CUDA meanwhile.
             graph.capture_begin(capture_error_mode="thread_local")
             try:
                 enqueued_only(fn, fn(*typed))
