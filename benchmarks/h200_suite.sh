@@ -90,6 +90,7 @@ for loop in asyncio uvloop trio; do
     run_one cuda_pipeline "$loop" benchmarks/cuda_pipeline.py --replays 8000
     run_one cuda_user_baselines "$loop" benchmarks/cuda_user_baselines.py --pairs 2000
     run_one cuda_throughput "$loop" benchmarks/cuda_throughput.py --seconds 1.5 --rounds 4
+    run_one cuda_torch_external "$loop" benchmarks/cuda_torch_external.py --pairs 2000
 done
 
 # The sim backend's per-region overhead, once (it prints text lines; kept as one record).

@@ -1,6 +1,8 @@
 """Every public name has a docstring: the classes, functions, methods and properties that the
 public namespaces export (`hrx_async`, `hrx_async.models`, `hrx_async.image`,
-`hrx_async.tensor`, `hrx_async.serve`) and those `hrx_async.errors` defines.
+`hrx_async.tensor`, `hrx_async.serve`) and those `hrx_async.errors` defines; and, from the
+source alone, what the adapters that need an optional library export (`hrx_async.torch`,
+`hrx_async.cupy`).
 
 Docstrings are read from the source (with `ast`), not from the imported objects, so the check
 is the same on the compiled build (where mypyc may not keep `__doc__`) and on the pure one, and
@@ -28,7 +30,6 @@ NAMESPACES = (
     "hrx_async.serve",
     "hrx_async.errors",
 )
-
 
 
 @cache
@@ -177,6 +178,62 @@ def undocumented() -> list[str]:
             if not _member_documented(value, member):
                 missing.append(f"{where}.{member}")
     return missing
+
+
+OPTIONAL_NAMESPACES = ("hrx_async.torch", "hrx_async.cupy")
+"""Namespaces that import an optional library (PyTorch, CuPy) and so may not import here:
+checked from their source alone, following `from .module import name` to the definition."""
+
+
+def _source_exports(module: str) -> list[tuple[str, str]]:
+    """(defining module, name) for each name in `module`'s literal `__all__`."""
+    tree = _tree(module)
+    assert tree is not None, f"no source for {module}"
+    listed: list[str] = []
+    origins: dict[str, str] = {}
+    package = (
+        module
+        if (PACKAGE_ROOT / Path(*module.split(".")[1:])).is_dir()
+        else (module.rpartition(".")[0])
+    )
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            listed = list(ast.literal_eval(node.value))
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                origins[alias.asname or alias.name] = f"{package}.{node.module}"
+    assert listed, f"{module} has no literal __all__"
+    return [(origins.get(name, module), name) for name in listed]
+
+
+def undocumented_in_source(module: str) -> list[str]:
+    """Every name `module` exports without a docstring, and every public method of an
+    exported class without one, found in the source."""
+    missing: list[str] = []
+    for home, name in _source_exports(module):
+        definitions = _definitions(home, name)
+        if definitions is None:
+            continue  # a constant: nothing to document
+        if not _documented(definitions):
+            missing.append(f"{module}.{name}")
+        for cls in (d for d in definitions if isinstance(d, ast.ClassDef)):
+            for member in cls.body:
+                if (
+                    isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not member.name.startswith("_")
+                    and not (ast.get_docstring(member) or "").strip()
+                ):
+                    missing.append(f"{module}.{name}.{member.name}")
+    return missing
+
+
+def test_the_optional_namespaces_document_every_public_name() -> None:
+    found = {module: _source_exports(module) for module in OPTIONAL_NAMESPACES}
+    assert all(found.values()), found  # the check reaches something in each
+    missing = [where for module in OPTIONAL_NAMESPACES for where in undocumented_in_source(module)]
+    assert not missing, f"{len(missing)} public names lack a docstring:\n" + "\n".join(missing)
 
 
 def test_the_check_finds_what_it_checks() -> None:

@@ -60,6 +60,7 @@ def test_the_cuda_extra_brings_nvrtc() -> None:
         (_format.INSTALL, "models"),
         (plot._INSTALL, "plot"),
         (install_hint("trio"), "trio"),
+        (install_hint("torch"), "torch"),  # what hrx_async.torch says without PyTorch
     ],
 )
 def test_install_hints_work_from_an_index_and_from_a_checkout(hint: str, extra: str) -> None:

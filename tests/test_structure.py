@@ -331,7 +331,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("hrx_async.backends",)),
     ("runtime", ("hrx_async._runtime",)),
     ("api", ("hrx_async", "hrx_async.runtime", "hrx_async.blocking")),
-    ("namespaces", ("hrx_async.models", "hrx_async.image", "hrx_async.serve", "hrx_async.tensor")),
+    (
+        "namespaces",
+        (
+            "hrx_async.models",
+            "hrx_async.image",
+            "hrx_async.serve",
+            "hrx_async.tensor",
+            "hrx_async.torch",
+            "hrx_async.cupy",
+        ),
+    ),
     ("tools", ("hrx_async.tools", "hrx_async.examples", "hrx_async.__main__")),
 )
 """Bottom to top. A module is in the layer of the longest prefix that names it."""

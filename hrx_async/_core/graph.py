@@ -254,7 +254,13 @@ class Graph(Generic[P]):
         views = tuple(v for v, _ in pairs)
         return self._add(Lane.HOST, HostCall(fn, views, tuple(a for _, a in pairs)), pairs)
 
-    def external(self, fn: Callable[..., Any], accesses: Iterable[tuple[View, Access]]) -> int:
+    def external(
+        self,
+        fn: Callable[..., Any],
+        accesses: Iterable[tuple[View, Access]],
+        *,
+        prepare: Callable[..., Any] | None = None,
+    ) -> int:
         """Work another library issues (PyTorch, CuPy, a native library) as a region of its
         own on the compute lane, ordered by byte range like any kernel.
 
@@ -268,14 +274,18 @@ class Graph(Generic[P]):
         the same graph runs everywhere. An exception from `fn` fails the region
         (`ExecutionError`) and poisons what it writes. Views must be GPU-visible memory of
         one GPU.
+
+        `prepare`, optional, builds the work once instead (a captured graph, a plan, tensors
+        made once): a stream backend calls `prepare(stream, tensors)` when the graph is
+        prepared, with the stream handle and tensors its replays get, and each replay of
+        that prepared graph then calls the function it returns, `work(stream, tensors)`,
+        in place of `fn`. Nothing is ordered at that time, so the hook must not run work on
+        the tensors' memory (capturing, which runs nothing, is fine); its failure fails
+        `prepare()` with `ContractError`. `sim` has no stream to prepare for: it runs `fn`.
         """
-        if not callable(fn):
-            raise ContractError(f"external() takes a callable, got {_validate.shown(fn)}")
-        if inspect.iscoroutinefunction(fn):
-            raise ContractError(
-                "external() takes a plain function that enqueues work and returns; "
-                f"{fn!r} is an async def function (use host() to await on the loop)"
-            )
+        _check_plain_function(fn, "external()")
+        if prepare is not None:
+            _check_plain_function(prepare, "external(prepare=...)")
         pairs = _validate.items(accesses, "external() accesses")
         for pair in pairs:
             if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], Access)):
@@ -297,7 +307,7 @@ class Graph(Generic[P]):
                 "one GPU's stream: copy the views onto it first"
             )
         _check_aliasing("external work", [(v, a.writes) for v, a in pairs], allow=False)
-        op = External(fn, views, tuple(a for _, a in pairs))
+        op = External(fn, views, tuple(a for _, a in pairs), prepare)
         return self._add(Lane.COMPUTE, op, pairs, gpu=gpu)
 
     # -- preparation -----------------------------------------------------------------
@@ -407,6 +417,18 @@ def _copy_lane(dst: View, src: View) -> Lane:
     if dst_host and not src_host:
         return Lane.DOWNLOAD
     return Lane.COMPUTE
+
+
+def _check_plain_function(fn: Any, what: str) -> None:
+    """External work and its prepare hook run on the loop's thread and must return without
+    waiting: plain callables, never `async def` ones."""
+    if not callable(fn):
+        raise ContractError(f"{what} takes a callable, got {_validate.shown(fn)}")
+    if inspect.iscoroutinefunction(fn):
+        raise ContractError(
+            f"{what} takes a plain function that enqueues work and returns; "
+            f"{fn!r} is an async def function (use host() to await on the loop)"
+        )
 
 
 def _check_aliasing(what: str, pairs: Sequence[tuple[View, bool]], allow: bool) -> None:

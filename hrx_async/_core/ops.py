@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ContractError, HrxError
 from .contract import Access
 from .kernels import GpuKernel, NpuKernel
 from .memory import View
@@ -52,11 +53,16 @@ class HostCall:
 @dataclass(frozen=True, slots=True)
 class External:
     """Work another library issues onto the compute lane's stream: `fn(stream, tensors)`,
-    one tensor per access (on sim: `fn(None, uint8_arrays)`, read-only for READ)."""
+    one tensor per access (on sim: `fn(None, uint8_arrays)`, read-only for READ).
+
+    `prepare`, when set, is called once per prepared graph by a stream backend as
+    `prepare(stream, tensors)`; the function it returns replaces `fn` for that graph's
+    replays (see `prepared_work`)."""
 
     fn: Callable[..., Any]
     views: tuple[View, ...]
     accesses: tuple[Access, ...]
+    prepare: Callable[..., Any] | None = None
 
 
 def enqueued_only(fn: Callable[..., Any], result: Any) -> None:
@@ -66,6 +72,34 @@ def enqueued_only(fn: Callable[..., Any], result: Any) -> None:
         if inspect.iscoroutine(result):
             result.close()
         raise TypeError(f"external work {fn!r} returned an awaitable; it must enqueue and return")
+
+
+def prepared_work(
+    prepare: Callable[..., Any], stream: Any, tensors: list[Any]
+) -> Callable[..., Any]:
+    """The function each replay of a region of external work calls, as its `prepare` hook
+    makes it for `stream` and `tensors`. The graph is being prepared, so a hook that fails
+    or returns something a replay cannot call is bad input: `ContractError`, the hook's own
+    exception chained (an `HrxError` it raises passes as it is)."""
+    try:
+        work: object = prepare(stream, tensors)
+    except HrxError:
+        raise
+    except Exception as exc:
+        raise ContractError(f"the prepare hook {prepare!r} of external work failed: {exc}") from exc
+    if inspect.isawaitable(work):
+        if inspect.iscoroutine(work):
+            work.close()
+        raise ContractError(
+            f"the prepare hook {prepare!r} of external work returned an awaitable; it must "
+            "return the plain function each replay calls"
+        )
+    if not callable(work) or inspect.iscoroutinefunction(work):
+        raise ContractError(
+            f"the prepare hook {prepare!r} of external work must return the plain function "
+            f"each replay calls, got {work!r}"
+        )
+    return work
 
 
 Op = Fill | Copy | Launch | NpuLaunch | HostCall | External

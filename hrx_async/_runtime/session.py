@@ -312,7 +312,7 @@ class Session:
                 )
                 for view, access in zip(op.views, op.accesses, strict=True)
             ]
-            return backend.prepare_external(op.fn, tensors, region.gpu)
+            return backend.prepare_external(op.fn, tensors, region.gpu, op.prepare)
         return backend.prepare_region(region.lane, ops, region.gpu)
 
     def backends(self) -> list[Any]:

@@ -36,7 +36,7 @@ from .._core.dlpack import DLPACK_CPU
 from .._core.kernels import KernelSource
 from .._core.lane import Lane
 from .._core.memory import Placement, PlacementKind
-from .._core.ops import Copy, Fill, Launch, Op
+from .._core.ops import Copy, Fill, Launch, Op, prepared_work
 from ..errors import BackendError, ContractError, Unsupported
 from ._stream_driver import (
     DriverTable,
@@ -247,9 +247,21 @@ class StreamBackend:
         return self._capture(ops)
 
     def prepare_external(
-        self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0
+        self,
+        fn: Callable[..., Any],
+        tensors: list[Any],
+        gpu: int = 0,
+        prepare: Callable[..., Any] | None = None,
     ) -> ExternalProgram:
-        """A region of external work (`Graph.external`) over `tensors` the runtime made."""
+        """A region of external work (`Graph.external`) over `tensors` the runtime made.
+
+        A `prepare` hook gets the compute lane's own stream, the one every replay of the
+        region is launched on, so what it binds to the stream (a captured graph's launch, a
+        library plan) is right for each replay; making that stream now, before the first
+        submission would, changes nothing else."""
+        if prepare is not None:
+            stream = self.queue((Lane.COMPUTE, 0)).stream
+            fn = prepared_work(prepare, self.table.stream_handle(stream), tensors)
         return ExternalProgram(fn, tensors)
 
     def _capture(self, ops: Sequence[Op]) -> GraphProgram:

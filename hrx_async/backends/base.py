@@ -196,9 +196,17 @@ class GpuInterop(Protocol):
         """Make stream `handle` wait for `fences` on the device (False: not this backend's)."""
         ...
 
-    def prepare_external(self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0) -> Any:
+    def prepare_external(
+        self,
+        fn: Callable[..., Any],
+        tensors: list[Any],
+        gpu: int = 0,
+        prepare: Callable[..., Any] | None = None,
+    ) -> Any:
         """The program of a region of external work: `fn(stream_handle, tensors)` on the
-        region's lane stream of GPU `gpu` when it is launched (`Graph.external`)."""
+        region's lane stream of GPU `gpu` when it is launched (`Graph.external`); with a
+        `prepare` hook, the function `prepare(stream_handle, tensors)` returns, called here
+        once with that same stream, replaces `fn`."""
         ...
 
 

@@ -127,8 +127,14 @@ class MultiGpuBackend:
     ) -> GraphProgram | CopyProgram:
         return self.enter(gpu).prepare_region(lane, ops)
 
-    def prepare_external(self, fn: Callable[..., Any], tensors: list[Any], gpu: int = 0) -> Any:
-        return self.enter(gpu).prepare_external(fn, tensors)
+    def prepare_external(
+        self,
+        fn: Callable[..., Any],
+        tensors: list[Any],
+        gpu: int = 0,
+        prepare: Callable[..., Any] | None = None,
+    ) -> Any:
+        return self.enter(gpu).prepare_external(fn, tensors, prepare=prepare)
 
     def load_gpu_kernel(
         self,

@@ -551,6 +551,88 @@ async def test_failing_external_work_on_a_stream_fails_its_region(host_table: Ho
         assert rt.healthy
 
 
+async def test_an_external_prepare_hook_builds_the_work_once_on_the_lane_stream(
+    host_table: HostTable,
+) -> None:
+    """`Graph.external(..., prepare=hook)`: the hook is called once per `prepare()`, with the
+    lane stream every replay is launched on and the tensors replays get; each replay calls
+    what it returned, never `fn`; another `prepare()` calls the hook again."""
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
+        host_in = rt.allocate(64, hrx.HOST_VISIBLE)
+        host_out = rt.allocate(64, hrx.HOST_VISIBLE)
+        x = rt.allocate(64, hrx.GPU_LOCAL)
+        y = rt.allocate(64, hrx.GPU_LOCAL)
+        hooked: list[tuple[int, list[Any]]] = []
+        replays: list[tuple[int, list[Any]]] = []
+
+        def never(stream: int, tensors: list[Any]) -> None:
+            raise AssertionError("a stream backend replays what the hook returned")
+
+        def hook(stream: int, tensors: list[Any]) -> Callable[[int, list[Any]], None]:
+            hooked.append((stream, tensors))
+            src, dst = np.from_dlpack(tensors[0]), np.from_dlpack(tensors[1])
+
+            def work(stream_now: int, tensors_now: list[Any]) -> None:
+                replays.append((stream_now, tensors_now))
+                host_table.streams[stream_now].put(lambda: np.add(src, 5, out=dst))
+
+            return work
+
+        graph = rt.graph("hooked")
+        graph.copy(x.view(), host_in.view())
+        accesses = [(x.view(), hrx.Access.READ), (y.view(), hrx.Access.WRITE)]
+        graph.external(never, accesses, prepare=hook)
+        graph.copy(host_out.view(), y.view())
+        prepared = graph.prepare()
+        assert len(hooked) == 1 and hooked[0][0] in host_table.streams
+        for value in (1, 9):
+            async with host_in.map_write() as memory:
+                memory[:] = bytes([value]) * 64
+            await prepared.submit()
+            async with host_out.map_read() as memory:
+                assert bytes(memory) == bytes([value + 5]) * 64
+        assert [stream for stream, _ in replays] == [hooked[0][0]] * 2
+        assert all(tensors is hooked[0][1] for _, tensors in replays)
+        graph.prepare()
+        assert len(hooked) == 2
+
+
+async def test_a_failing_external_prepare_hook_fails_prepare_and_changes_nothing(
+    host_table: HostTable,
+) -> None:
+    async def later() -> None:
+        pass
+
+    def work(stream: int, tensors: list[Any]) -> None:
+        pass
+
+    def broken(stream: int, tensors: list[Any]) -> Any:
+        raise RuntimeError("no plan for this shape")
+
+    async with hrx.Runtime(backend="cuda") as rt:  # the fake table
+        y = rt.allocate(64, hrx.GPU_LOCAL)
+        cases: list[tuple[Callable[..., Any], str]] = [
+            (broken, "no plan for this shape"),
+            (lambda stream, tensors: 7, "plain function each replay calls, got 7"),
+            (lambda stream, tensors: later(), "returned an awaitable"),
+            (lambda stream, tensors: later, "plain function each replay calls"),
+        ]
+        for hook, message in cases:
+            graph = rt.graph("refused")
+            graph.external(work, [(y.view(), hrx.Access.WRITE)], prepare=hook)
+            before = rt.statistics().to_dict()
+            with pytest.raises(ContractError, match=message) as caught:
+                graph.prepare()
+            assert len(graph) == 1
+            assert rt.statistics().to_dict() == before
+            if hook is broken:
+                assert isinstance(caught.value.__cause__, RuntimeError)
+        graph = rt.graph("fine")
+        graph.external(work, [(y.view(), hrx.Access.WRITE)], prepare=lambda s, t: work)
+        await graph.prepare().submit()
+        assert y.poison is None
+
+
 async def test_sticky_fault_loses_the_device(host_table: HostTable) -> None:
     def crash(values: list[bytes]) -> None:
         raise RuntimeError("illegal address")

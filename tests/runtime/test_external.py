@@ -110,3 +110,42 @@ async def test_single_launch_refuses_external_work() -> None:
         with pytest.raises(hrx.ContractError, match="external"):
             graph.prepare(single_launch=True)
         await graph.prepare().submit()
+
+
+async def test_sim_runs_the_external_function_and_never_calls_a_prepare_hook() -> None:
+    """`sim` has no stream for a prepare hook to build on: it runs `fn` on every replay."""
+    async with hrx.Runtime(backend="sim", npu=None) as rt:
+        y = rt.allocate(16, hrx.GPU_LOCAL)
+        calls: list[str] = []
+
+        def fill(stream: Any, tensors: list[np.ndarray[Any, Any]]) -> None:
+            calls.append("fn")
+            tensors[0][:] = 4
+
+        def hook(stream: Any, tensors: list[Any]) -> Any:
+            calls.append("prepare")
+            return fill
+
+        graph = rt.graph("hooked")
+        graph.external(fill, [(y.view(), W)], prepare=hook)
+        prepared = graph.prepare()
+        await prepared.submit()
+        await prepared.submit()
+        assert calls == ["fn", "fn"]
+        assert await read_bytes(rt, y) == bytes([4]) * 16
+
+
+async def test_a_bad_prepare_hook_is_refused_and_records_nothing() -> None:
+    async def coroutine_function(stream: Any, tensors: list[Any]) -> None:
+        pass
+
+    def fine(stream: Any, tensors: list[Any]) -> None:
+        pass
+
+    async with hrx.Runtime(backend="sim", npu=None) as rt:
+        x = rt.allocate(64, hrx.GPU_LOCAL)
+        graph = rt.graph("refusals")
+        for hook, message in [("not callable", "callable"), (coroutine_function, "async def")]:
+            with pytest.raises(hrx.ContractError, match=rf"prepare=\.\.\..*{message}"):
+                graph.external(fine, [(x.view(), W)], prepare=hook)
+        assert len(graph) == 0

@@ -1,0 +1,238 @@
+"""`region`: a PyTorch function over typed views, recorded as external work.
+
+The function given to `Graph.external` is a `TorchWork`. On `sim` the runtime calls it
+with `(None, uint8 numpy arrays)` and it runs the user's function over CPU tensors made
+from those arrays. On a stream backend its `prepare` hook is called once per prepared
+graph with the lane's stream handle and the runtime's `ExternalTensor`s; it makes the
+typed CUDA tensors and the `torch.cuda.ExternalStream` once, and returns what each replay
+calls: the user's function inside that stream (eager), or one `CUDAGraph.replay()` of the
+work captured there and then (captured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .._core import validate as _validate
+from .._core.contract import Access
+from .._core.dlpack import DLPACK_CUDA, DLPACK_ROCM
+from .._core.graph import Graph
+from .._core.ops import enqueued_only
+from .._core.typed import TypedView, typed_views
+from ..errors import ContractError, HrxError
+
+WHO = "torch region"
+
+Replay = Callable[[Any, Any], object]
+
+
+def region(
+    graph: Graph[Any],
+    fn: Callable[..., object],
+    *,
+    reads: Iterable[tuple[Any, ...]] = (),
+    updates: Iterable[tuple[Any, ...]] = (),
+    writes: Iterable[tuple[Any, ...]] = (),
+    captured: bool = False,
+) -> int:
+    """Record `fn(*reads, *updates, *writes)`, PyTorch work over typed tensors, as a region
+    of `graph` on the compute lane; returns its node index (as `Graph.external` does).
+
+    Each declaration is `(view, dtype)` (a 1-D tensor over the whole view) or `(view, dtype,
+    shape)`: the view's bytes seen as a contiguous tensor of that `torch.dtype` and shape,
+    zero-copy. `reads` are `Access.READ`, `updates` `Access.READ_WRITE`, `writes`
+    `Access.WRITE`; the tensors come to `fn` in that order. Views are GPU_LOCAL memory of one
+    GPU, not overlapping; each view's size must be the dtype's item size times the shape's
+    product and its offset a multiple of the item size, else `ContractError`, and nothing
+    is recorded.
+
+    Results must land in the write (or update) tensors themselves, in place:
+    `torch.add(x, 1, out=y)`, `y.copy_(x @ w)`, `torch.matmul(a, b, out=c)`; a tensor `fn`
+    returns or rebinds is dropped. `fn` must only enqueue work: no `.item()`, `.cpu()`,
+    `print(tensor)` or other host synchronisation (each would block the event loop, and a
+    captured region cannot contain one). Temporaries `fn` allocates come from PyTorch's
+    caching allocator on the lane's stream, so their memory is reused only by work queued
+    after them on that stream: stream-ordered, with no host wait.
+
+    On CUDA, `fn` runs on the event loop's thread when the region is issued, inside
+    `torch.cuda.stream(torch.cuda.ExternalStream(stream))` for the lane's stream, over CUDA
+    tensors made once when the graph is prepared. `captured=True` (fixed shapes, no
+    host-side decisions in `fn`) records the work instead, once, when the graph is
+    prepared: `fn` runs once on zero-filled scratch tensors of the same dtypes and shapes
+    (a warm-up that initialises libraries such as cuBLAS; nothing orders work on the
+    region's own memory at that time), then is captured over the region's tensors into a
+    `torch.cuda.CUDAGraph` with its own memory pool, on a side stream; each replay is one
+    `graph.replay()` on the lane's stream. A warm-up or capture that fails makes `prepare()`
+    raise `ContractError` (PyTorch's allocator may keep the memory pool of a capture that
+    failed, as after any failed `torch.cuda.graph`: fix the function, do not retry).
+
+    On `sim`, `fn` runs on the compute lane's worker thread over CPU tensors sharing the
+    runtime's memory (`torch.from_numpy`), the captured form eagerly, so the same graph
+    runs everywhere. An exception from `fn` fails the region with `ExecutionError` and
+    poisons what it writes.
+    """
+    if not isinstance(graph, Graph):
+        raise ContractError(
+            f"{WHO} records into a Graph (rt.graph()), got {_validate.shown(graph)}"
+        )
+    if not callable(fn) or inspect.iscoroutinefunction(fn):
+        raise ContractError(
+            f"{WHO} takes a plain function that enqueues PyTorch work and returns, got "
+            f"{_validate.shown(fn)}"
+        )
+    _validate.flag(captured, f"{WHO} captured")
+    specs = typed_views(
+        WHO,
+        ((Access.READ, reads), (Access.READ_WRITE, updates), (Access.WRITE, writes)),
+        _dtype_of,
+    )
+    work = TorchWork(fn, specs, captured)
+    return graph.external(work, [(s.view, s.access) for s in specs], prepare=work.prepare)
+
+
+def _dtype_of(given: object) -> tuple[Any, int] | None:
+    if not isinstance(given, torch.dtype):
+        return None
+    size: int = torch.empty(0, dtype=given).element_size()
+    return given, size
+
+
+class TorchWork:
+    """The external function of a torch region (see `region`): `self(stream, tensors)` runs
+    it where no prepare hook was called (sim), `prepare` makes the per-replay form."""
+
+    __slots__ = ("_host", "captured", "fn", "specs")
+
+    def __init__(self, fn: Callable[..., object], specs: tuple[TypedView, ...], captured: bool):
+        self.fn = fn
+        self.specs = specs
+        self.captured = captured
+        self._host: tuple[object, list[Any]] | None = None
+        """The last arrays the runtime passed on sim, and the CPU tensors over them."""
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        return f"<{WHO} {name}{' (captured)' if self.captured else ''}>"
+
+    def __call__(self, stream: Any, tensors: list[Any]) -> object:
+        if stream is None:
+            return self.fn(*self._host_tensors(tensors))
+        # A stream backend calls `prepare` first; this is the same work made afresh, for a
+        # backend that does not.
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=_device(tensors))):
+            return self.fn(*self._device_tensors(tensors))
+
+    def _host_tensors(self, arrays: list[Any]) -> list[Any]:
+        """CPU tensors over the sim backend's arrays, made once per prepared graph: the
+        runtime passes the same list to every replay of it."""
+        host = self._host
+        if host is not None and host[0] is arrays:
+            return host[1]
+        with warnings.catch_warnings():
+            # READ arrays are read-only numpy arrays, and PyTorch, which has no read-only
+            # tensors, warns about each. The tensors share the memory instead of copying it,
+            # as on CUDA, where a read tensor is writable device memory too: writing one is
+            # the caller's bug on both, and a copy per replay would hide it here only.
+            warnings.filterwarnings(
+                "ignore", message="The given NumPy array is not writable", category=UserWarning
+            )
+            typed = [
+                _shaped(torch.from_numpy(array), spec)
+                for array, spec in zip(arrays, self.specs, strict=True)
+            ]
+        self._host = (arrays, typed)
+        return typed
+
+    def _device_tensors(self, tensors: list[Any]) -> list[Any]:
+        return [
+            _shaped(torch.from_dlpack(tensor), spec)
+            for tensor, spec in zip(tensors, self.specs, strict=True)
+        ]
+
+    def prepare(self, stream: int, tensors: list[Any]) -> Replay:
+        """The per-replay function for the lane stream `stream` and the runtime's tensors
+        (the `prepare` hook of `Graph.external`)."""
+        device = _device(tensors)
+        try:
+            typed = self._device_tensors(tensors)
+            lane = torch.cuda.ExternalStream(stream, device=device)
+        except HrxError:
+            raise
+        except Exception as exc:
+            raise ContractError(f"{self!r}: PyTorch cannot use the region's memory: {exc}") from exc
+        # One context for every replay: replays of a region are issued one at a time, from
+        # the loop's thread, and entering it again restores what was current before.
+        on_lane = torch.cuda.stream(lane)
+        if self.captured:
+            return _captured(self, typed, device, on_lane)
+        fn = self.fn
+
+        def run(stream: Any, tensors: Any) -> object:
+            with on_lane:
+                return fn(*typed)
+
+        return run
+
+
+def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> Replay:
+    """Capture `work` over `typed` into a CUDA graph; the replay that launches it inside
+    `on_lane`, the lane stream's context."""
+    fn = work.fn
+    side = torch.cuda.Stream(device=device)
+    stage = "its warm-up run"
+    try:
+        with torch.cuda.device(device), torch.cuda.stream(side):
+            # Allocated on the side stream, so the warm-up's memory is reused only after it.
+            scratch = [torch.zeros_like(tensor) for tensor in typed]
+            enqueued_only(fn, fn(*scratch))
+            stage = "capturing it into a CUDA graph"
+            graph = torch.cuda.CUDAGraph()
+            # Thread-local, as the runtime's own captures are: in the global mode a call CUDA
+            # counts as potentially unsafe during a capture fails in every thread, and the
+            # runtime's waiter threads keep calling into CUDA meanwhile.
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                enqueued_only(fn, fn(*typed))
+            except BaseException:
+                # End the capture so the stream is usable again; the partial graph is dropped.
+                with contextlib.suppress(Exception):
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+    except HrxError:
+        raise
+    except Exception as exc:
+        raise ContractError(f"{work!r}: {stage} failed: {exc}") from exc
+
+    def replay(stream: Any, tensors: Any) -> None:
+        with on_lane:
+            graph.replay()
+
+    return replay
+
+
+def _device(tensors: list[Any]) -> Any:
+    """The CUDA device of the runtime's tensors (all on one GPU, as `Graph.external` checks)."""
+    kind, index = tensors[0].__dlpack_device__()
+    if kind not in (DLPACK_CUDA, DLPACK_ROCM):
+        raise ContractError(f"{WHO}: the region's memory is not GPU memory (DLPack device {kind})")
+    if not torch.cuda.is_available():
+        raise ContractError(
+            f"{WHO}: the runtime runs on a GPU, but this PyTorch sees none "
+            "(torch.cuda.is_available() is False: a CPU-only build?)"
+        )
+    return torch.device("cuda", int(index))
+
+
+def _shaped(raw: Any, spec: TypedView) -> Any:
+    """`raw`, 1-D uint8 over a view's bytes, as the declared dtype and shape (no copy)."""
+    return raw.view(spec.dtype).view(spec.shape)
+
+
+__all__ = ["TorchWork", "region"]
