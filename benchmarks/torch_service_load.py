@@ -14,7 +14,7 @@ back on the host, answered as JSON:
   `torch.cuda.Event` with `await asyncio.sleep(0)` until the answer is on the host: the
   loop never blocks on the GPU, but every waiting request spins it.
 * runtime:    `examples/torch_classifier.py`: the upload, ImageOps' resize and normalize
-  kernels, the model as a `Graph.external` region on the compute lane's stream and the
+  kernels, the model as a captured PyTorch region on the compute lane's stream and the
   download of the answer are one prepared graph per batch size; requests that arrive
   while every slot is busy are batched (`Batcher`, up to `--batch`).
 

@@ -105,16 +105,26 @@ class _DLManagedTensorVersioned(ctypes.Structure):
 
 _LEGACY_NAME = b"dltensor"
 _VERSIONED_NAME = b"dltensor_versioned"
-_exports: dict[int, tuple[Any, ...]] = {}
+def _kept_forever(obj: Any) -> Any:
+    """`obj` with one reference that is never given back. A consumer (PyTorch, CuPy, NumPy)
+    may hold an export past the interpreter's teardown of this module, and call its deleter
+    then: the registry, the structs in it and the deleter's C entry point must still exist
+    (freed, the consumer would read and call freed memory)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    return obj
+
+
+_exports: dict[int, tuple[Any, ...]] = _kept_forever({})
 """Exported tensors by the address of their managed struct: what keeps them valid."""
 
 
-def _release_export(address: int | None) -> None:
+def _release_export(address: int | None, exports: dict[int, Any] = _exports) -> None:
+    # (The registry is bound here: at teardown the module's own name for it may be gone.)
     if address:
-        _exports.pop(address, None)
+        exports.pop(address, None)
 
 
-_deleter = _DELETER(_release_export)
+_deleter = _kept_forever(_DELETER(_release_export))
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
@@ -140,15 +150,22 @@ _object_capsule_pointer.restype = ctypes.c_void_p
 _object_capsule_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
 
 
-def _destroy_capsule(capsule: int | None) -> None:
-    # A capsule nobody consumed (still carrying its original name) owns the tensor.
-    for name in (_LEGACY_NAME, _VERSIONED_NAME):
-        if capsule and _capsule_is_valid(capsule, name):
-            _release_export(_capsule_get_pointer(capsule, name))
+def _destroy_capsule(
+    capsule: int | None,
+    names: tuple[bytes, ...] = (_LEGACY_NAME, _VERSIONED_NAME),
+    is_valid: Any = _capsule_is_valid,
+    get_pointer: Any = _capsule_get_pointer,
+    release: Any = _release_export,
+) -> None:
+    # A capsule nobody consumed (still carrying its original name) owns the tensor. What
+    # it calls is bound here, for a capsule that outlives the module (`_kept_forever`).
+    for name in names:
+        if capsule and is_valid(capsule, name):
+            release(get_pointer(capsule, name))
             return
 
 
-_capsule_destructor = _CAPSULE_DESTRUCTOR(_destroy_capsule)
+_capsule_destructor = _kept_forever(_CAPSULE_DESTRUCTOR(_destroy_capsule))
 
 
 def make_capsule(
