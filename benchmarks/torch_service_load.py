@@ -65,6 +65,8 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from hrx_async.serve import RequestRefused, raw_pixels
+
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "torch_classifier.py"
 VARIANTS = ("threads", "event_poll", "runtime")
@@ -122,9 +124,9 @@ def threads_app(
         x_image_shape: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
         try:
-            pictures = example.decode_raw(body, x_image_shape, None, max_side, 16)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
+            pictures = raw_pixels(body, x_image_shape, None, max_side, 16)
+        except RequestRefused as exc:
+            raise HTTPException(exc.status, exc.detail) from None
         with torch.inference_mode():
             x = torch.from_numpy(pictures).to(device)
             scores, classes = example.top5(model, example.torch_preprocess(x, size))
@@ -160,11 +162,9 @@ def event_poll_app(
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
         try:
-            pictures = example.decode_raw(
-                body, request.headers.get("x-image-shape"), None, max_side, 16
-            )
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
+            pictures = raw_pixels(body, request.headers.get("x-image-shape"), None, max_side, 16)
+        except RequestRefused as exc:
+            raise HTTPException(exc.status, exc.detail) from None
         n = len(pictures)
         with torch.inference_mode(), torch.cuda.stream(next(pool)):
             staged = torch.from_numpy(pictures).pin_memory()

@@ -71,7 +71,14 @@ from fastapi.responses import JSONResponse
 import hrx_async as hrx
 import hrx_async.models
 from hrx_async.image import ImageOps
-from hrx_async.serve import RequestRefused, RuntimeService, load_json, media_type, read_body
+from hrx_async.serve import (
+    RequestRefused,
+    RuntimeService,
+    load_json,
+    media_type,
+    raw_pixels,
+    read_body,
+)
 
 
 def _sibling(name: str) -> ModuleType:
@@ -362,37 +369,10 @@ def images_from(payload: Any) -> np.ndarray[Any, Any]:
         raise ValueError("images must be finite float32 numbers") from None
 
 
-class TooLarge(ValueError):
-    """A request bigger than the server takes (answered 413)."""
-
-
 def decode_image(body: bytes, shape: str | None, dtype: str | None) -> np.ndarray[Any, Any]:
-    """Raw u8 HWC pixels with their shape as u8 [n, h, w, 3] (runs on a worker thread)."""
-    if dtype is not None and dtype.strip().lower() not in ("u8", "uint8"):
-        raise ValueError(f"pixels must be u8 (one byte per channel), got X-Image-Dtype {dtype!r}")
-    usage = f"X-Image-Shape must be 'height,width,{C}' or 'n,height,width,{C}'"
-    if shape is None:
-        raise ValueError(f"{usage}: the header is missing")
-    try:
-        dims = tuple(int(v) for v in shape.split(","))
-    except ValueError:
-        raise ValueError(f"{usage}, got {shape!r}") from None
-    if len(dims) == 3:
-        dims = (1, *dims)
-    if len(dims) != 4 or dims[3] != C:
-        raise ValueError(f"{usage} (RGB, channels last), got {shape!r}")
-    n, h, w, _ = dims
-    if min(dims) < 1:
-        raise ValueError(f"an image needs at least one pixel, got shape {list(dims)}")
-    if n > MAX_BATCH:
-        raise ValueError(f"at most {MAX_BATCH} images per request, got {n}")
-    if h > MAX_SIDE or w > MAX_SIDE:
-        raise TooLarge(f"images are at most {MAX_SIDE}x{MAX_SIDE} pixels, got {h}x{w}")
-    if len(body) != n * h * w * C:
-        raise ValueError(
-            f"{len(body)} bytes do not hold {n}x{h}x{w}x{C} u8 pixels ({n * h * w * C} bytes)"
-        )
-    return np.frombuffer(body, np.uint8).reshape(n, h, w, C)
+    """Raw u8 HWC pixels with their shape as u8 [n, h, w, 3] (runs on a worker thread);
+    `RequestRefused` (413 or 422) saying what is wrong."""
+    return raw_pixels(body, shape, dtype, MAX_SIDE, MAX_BATCH)
 
 
 class ModelServer:
@@ -531,8 +511,6 @@ def answered() -> Iterator[None]:
         raise HTTPException(exc.status, exc.detail) from None
     except hrx.Busy as exc:
         raise HTTPException(503, str(exc)) from None
-    except TooLarge as exc:
-        raise HTTPException(413, str(exc)) from None
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
 

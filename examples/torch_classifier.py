@@ -76,6 +76,7 @@ from hrx_async.serve import (
     Slot,
     SlotPool,
     media_type,
+    raw_pixels,
     read_body,
 )
 
@@ -225,46 +226,10 @@ def reference_top5(model: Any, pictures: Array, size: int) -> tuple[Array, Array
 # -- request bodies -------------------------------------------------------------------------
 
 
-class TooLarge(ValueError):
-    """A picture bigger than the server takes (answered 413)."""
-
-
-def decode_raw(
-    body: bytes, shape: str | None, dtype: str | None, max_side: int, max_batch: int
-) -> Array:
-    """Raw u8 HWC pixels with their X-Image-Shape as u8 [n, h, w, 3] over `body` (no copy);
-    ValueError (422) or TooLarge (413) saying what is wrong."""
-    if dtype is not None and dtype.strip().lower() not in ("u8", "uint8"):
-        raise ValueError(f"pixels must be u8 (one byte per channel), got X-Image-Dtype {dtype!r}")
-    usage = f"X-Image-Shape must be 'height,width,{C}' or 'n,height,width,{C}'"
-    if shape is None:
-        raise ValueError(f"{usage}: the header is missing")
-    try:
-        dims = tuple(int(v) for v in shape.split(","))
-    except ValueError:
-        raise ValueError(f"{usage}, got {shape!r}") from None
-    if len(dims) == 3:
-        dims = (1, *dims)
-    if len(dims) != 4 or dims[3] != C:
-        raise ValueError(f"{usage} (RGB, channels last), got {shape!r}")
-    n, h, w, _ = dims
-    if min(dims) < 1:
-        raise ValueError(f"a picture needs at least one pixel, got shape {list(dims)}")
-    if n > max_batch:
-        raise ValueError(f"at most {max_batch} pictures per request, got {n}")
-    if h > max_side or w > max_side:
-        raise TooLarge(f"pictures are at most {max_side}x{max_side} pixels, got {h}x{w}")
-    if len(body) != n * h * w * C:
-        raise ValueError(
-            f"{len(body)} bytes do not hold {n}x{h}x{w}x{C} u8 pixels ({n * h * w * C} bytes)"
-        )
-    return np.frombuffer(body, np.uint8).reshape(n, h, w, C)
-
-
 def decode_file(body: bytes, expected: str, max_side: int) -> Array:
     """A PNG or JPEG file as u8 [1, h, w, 3] RGB (a worker thread runs this). RequestRefused
-    400 when it is not a picture of that format, TooLarge (413) past `max_side`; the size is
-    read from the header, before any pixel is decoded."""
+    400 when it is not a picture of that format, 413 past `max_side`; the size is read from
+    the header, before any pixel is decoded."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
@@ -277,12 +242,12 @@ def decode_file(body: bytes, expected: str, max_side: int) -> Array:
         with Image.open(io.BytesIO(body), formats=[expected]) as picture:
             width, height = picture.size
             if height > max_side or width > max_side:
-                raise TooLarge(f"{too_large}, got {height}x{width}")
+                raise RequestRefused(413, f"{too_large}, got {height}x{width}")
             pixels = np.asarray(picture.convert("RGB"), np.uint8)
-    except TooLarge:
+    except RequestRefused:
         raise
     except Image.DecompressionBombError as exc:
-        raise TooLarge(f"{too_large}: {exc}") from None
+        raise RequestRefused(413, f"{too_large}: {exc}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise RequestRefused(400, f"the body is not a readable {expected} file: {exc}") from None
     return pixels.reshape(1, height, width, C)
@@ -591,7 +556,7 @@ def create_app(
         body = await read_body(request, max_body)
         if kind == OCTETS:
             headers = request.headers
-            return decode_raw(
+            return raw_pixels(
                 body,
                 headers.get("x-image-shape"),
                 headers.get("x-image-dtype"),
@@ -612,8 +577,6 @@ def create_app(
             pictures = await pictures_of(request, classifier)
         except RequestRefused as exc:
             raise HTTPException(exc.status, exc.detail) from None
-        except TooLarge as exc:
-            raise HTTPException(413, str(exc)) from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         except MissingLibrary as exc:

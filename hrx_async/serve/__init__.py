@@ -9,7 +9,8 @@
 * `prometheus_text` (`metrics`): the runtime's counters in the Prometheus text format.
 * `read_body` and `load_json` (`body`): request bodies within a size limit, counted as
   they stream in, and JSON within a nesting depth; refusals are `RequestRefused` with the
-  HTTP status to answer (400 malformed, 413 too large, 422 well-formed but not taken).
+  HTTP status to answer (400 malformed, 413 too large, 422 well-formed but not taken);
+  `raw_pixels` reads raw u8 RGB pictures with their ``X-Image-Shape`` the same way.
 * `hrx_async.serve.ray`: the same app on Ray Serve, one runtime per replica and one
   replica per GPU, across the machines of a Ray cluster. It needs the `ray` extra and is
   imported only when asked for, so `import hrx_async.serve` never loads Ray.
@@ -19,7 +20,7 @@ FastAPI and Starlette are imported only when an app is built or routes are added
 """
 
 from .asgi import Health, HealthState, RuntimeService, ShutdownReport, logger, runtime_threads
-from .body import RequestRefused, json_depth, load_json, media_type, read_body
+from .body import RequestRefused, json_depth, load_json, media_type, raw_pixels, read_body
 from .metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from .slots import Batcher, Slot, SlotPool
 
@@ -38,6 +39,7 @@ __all__ = [
     "logger",
     "media_type",
     "prometheus_text",
+    "raw_pixels",
     "read_body",
     "runtime_threads",
 ]

@@ -179,3 +179,43 @@ __all__ = [
     "media_type",
     "read_body",
 ]
+
+
+def raw_pixels(
+    body: bytes, shape: str | None, dtype: str | None, max_side: int, max_batch: int
+) -> np.ndarray[Any, Any]:
+    """Raw u8 RGB pixels, channels last, as u8 [n, h, w, 3] over `body` (no copy).
+
+    `shape` is the request's ``X-Image-Shape`` header, ``height,width,3`` for one picture
+    or ``n,height,width,3`` for n pictures of one size; `dtype` its ``X-Image-Dtype``,
+    ``u8`` when given. `RequestRefused(422)` when a header is missing or malformed, the
+    shape is not RGB, has no pixel, holds more than `max_batch` pictures or does not match
+    the body's length; `RequestRefused(413)` for a side longer than `max_side`.
+    """
+    if dtype is not None and dtype.strip().lower() not in ("u8", "uint8"):
+        raise RequestRefused(
+            422, f"pixels must be u8 (one byte per channel), got X-Image-Dtype {_shown(dtype)!r}"
+        )
+    usage = "X-Image-Shape must be 'height,width,3' or 'n,height,width,3'"
+    if shape is None:
+        raise RequestRefused(422, f"{usage}: the header is missing")
+    try:
+        dims = tuple(int(v) for v in shape.split(","))
+    except ValueError:
+        raise RequestRefused(422, f"{usage}, got {_shown(shape)!r}") from None
+    if len(dims) == 3:
+        dims = (1, *dims)
+    if len(dims) != 4 or dims[3] != 3:
+        raise RequestRefused(422, f"{usage} (RGB, channels last), got {_shown(shape)!r}")
+    n, h, w, c = dims
+    if min(dims) < 1:
+        raise RequestRefused(422, f"a picture needs at least one pixel, got shape {list(dims)}")
+    if n > max_batch:
+        raise RequestRefused(422, f"at most {max_batch} pictures per request, got {n}")
+    if h > max_side or w > max_side:
+        raise RequestRefused(413, f"pictures are at most {max_side}x{max_side} pixels, got {h}x{w}")
+    if len(body) != n * h * w * c:
+        raise RequestRefused(
+            422, f"{len(body)} bytes do not hold {n}x{h}x{w}x{c} u8 pixels ({n * h * w * c} bytes)"
+        )
+    return np.frombuffer(body, np.uint8).reshape(n, h, w, c)

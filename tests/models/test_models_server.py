@@ -210,7 +210,7 @@ async def test_bad_image_requests_are_refused_with_a_reason(tmp_path: Path) -> N
             (422, "bytes do not hold", pixels[:-1], {"x-image-shape": "8,8,3"}),
             (422, "at least one pixel", b"", {"x-image-shape": "0,8,3"}),
             (422, "at least one pixel", b"", {"x-image-shape": "1,-8,8,3"}),
-            (422, "at most 8 images", pixels * 9, {"x-image-shape": "9,8,8,3"}),
+            (422, "at most 8 pictures", pixels * 9, {"x-image-shape": "9,8,8,3"}),
             (422, "u8", pixels, {"x-image-shape": "8,8,3", "x-image-dtype": "f32"}),
             (413, "at most 1024x1024", b"\0" * 3075, {"x-image-shape": "1,1025,3"}),
             (413, "too large", b"\0" * (8 * 1024 * 1024 * 3 + 1), {"x-image-shape": "8,8,3"}),

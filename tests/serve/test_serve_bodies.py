@@ -357,3 +357,31 @@ def test_generated_weights_are_written_checked_and_logged(
     before = path.read_bytes()
     example.prepare_weights(path, generate=True)  # there already: read, not rewritten
     assert path.read_bytes() == before
+
+
+def test_raw_pixels_are_checked_against_their_shape_header() -> None:
+    import numpy as np
+
+    from hrx_async.serve import RequestRefused, raw_pixels
+
+    pixels = np.arange(2 * 4 * 5 * 3, dtype=np.uint8)
+    got = raw_pixels(pixels.tobytes(), "2,4,5,3", "u8", 16, 4)
+    assert got.shape == (2, 4, 5, 3) and (got.reshape(-1) == pixels).all()
+    assert raw_pixels(pixels[:60].tobytes(), " 4, 5,3", None, 16, 4).shape == (1, 4, 5, 3)
+    body = pixels[:60].tobytes()
+    for shape, dtype, reason in [
+        (None, None, "header is missing"),
+        ("4,5", None, "X-Image-Shape must be"),
+        ("four,5,3", None, "X-Image-Shape must be"),
+        ("4,5,4", None, "RGB, channels last"),
+        ("0,5,3", None, "at least one pixel"),
+        ("5,4,5,3", None, "at most 4 pictures"),
+        ("4,6,3", None, "60 bytes do not hold 1x4x6x3"),
+        ("4,5,3", "f32", "must be u8"),
+    ]:
+        with pytest.raises(RequestRefused, match=reason) as caught:
+            raw_pixels(body, shape, dtype, 16, 4)
+        assert caught.value.status == 422
+    with pytest.raises(RequestRefused, match="at most 16x16") as caught:
+        raw_pixels(b"\0" * 17 * 3, "1,17,3", None, 16, 4)
+    assert caught.value.status == 413
