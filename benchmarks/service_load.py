@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from http_exchange import exchange
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "service.py"
@@ -211,17 +212,7 @@ async def load(
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     due += period
                 sent = time.perf_counter()
-                writer.write(request)
-                status = await reader.readline()
-                length = 0
-                while True:
-                    line = await reader.readline()
-                    if line in (b"\r\n", b""):
-                        break
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                answer = await reader.readexactly(length)
+                status, answer = await exchange(reader, writer, request)
                 latencies.append(time.perf_counter() - sent)
                 if not status.startswith(b"HTTP/1.1 200"):
                     errors.append(status.decode(errors="replace").strip())

@@ -64,6 +64,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import numpy as np
+from http_exchange import exchange
 
 from hrx_async.serve import RequestRefused, raw_pixels
 
@@ -241,17 +242,7 @@ async def load(
         try:
             while time.perf_counter() < deadline:
                 sent = time.perf_counter()
-                writer.write(request)
-                status = await reader.readline()
-                length = 0
-                while True:
-                    line = await reader.readline()
-                    if line in (b"\r\n", b""):
-                        break
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                answer = await reader.readexactly(length)
+                status, answer = await exchange(reader, writer, request)
                 latencies.append(time.perf_counter() - sent)
                 if not status.startswith(b"HTTP/1.1 200"):
                     errors.append(f"{status.decode(errors='replace').strip()}: {answer[:200]!r}")
