@@ -111,8 +111,9 @@ class MemoryBudget:
 
     # -- linking ---------------------------------------------------------------------
 
-    def _link(self, manager: Manager, owner: object) -> None:
-        """Link the residency (`owner`) and its table (`manager`), weakly."""
+    def link(self, manager: Manager, owner: object) -> None:
+        """Link the residency (`owner`) and its table (`manager`), weakly; a `Residency`
+        made with this budget calls it. `ContractError` when another residency has it."""
         if self._manager is not None and self._manager() is not None:
             raise ContractError("this memory budget already belongs to a residency")
         self._manager = weakref.ref(manager)
@@ -155,8 +156,10 @@ class MemoryBudget:
             self._live += nbytes
             return True
 
-    def _admit_resident(self, table: Manager, nbytes: int) -> bool:
-        """Add `nbytes` to the table's charge when it fits (the table's own step)."""
+    def admit_resident(self, table: Manager, nbytes: int) -> bool:
+        """Add `nbytes` to `table`'s charge when it fits with this budget's live
+        reservations and the table's charge so far under the limit (the residency table's
+        own step, under this budget's lock); whether it did."""
         with self._lock:
             if self._live + table.used + nbytes > self.limit:
                 return False

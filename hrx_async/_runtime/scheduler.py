@@ -137,7 +137,7 @@ class Scheduler(Outcomes):
         if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
             self._refuse()
         for buffer in prepared.buffers:
-            if buffer._released:
+            if buffer.freed:
                 buffer.check_alive()
         for buffer in prepared.inputs:
             if buffer.poison is not None:

@@ -274,7 +274,7 @@ class Table(Generic[V]):
     def admit(self, cost: int) -> bool:
         """Charge `cost` when it fits (with the ceiling's live reservations counted)."""
         if self.ceiling is not None:
-            return self.ceiling._admit_resident(self, cost)
+            return self.ceiling.admit_resident(self, cost)
         if self.used + cost > self.budget:
             return False
         self.used += cost

@@ -252,7 +252,7 @@ class Residency(Generic[V]):
         self._table: Table[V] = Table(
             budget_bytes, release, label, "bytes", self.budget, _release_now_of(release)
         )
-        self.budget._link(self._table, self)
+        self.budget.link(self._table, self)
 
     # -- counters --------------------------------------------------------------------
 
