@@ -12,9 +12,7 @@ answer against the numpy reference.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,19 +21,9 @@ import anyio
 import anyio.to_thread
 import httpx
 import numpy as np
+from example_module import load_example
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "model_server.py"
-
-
-def load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("model_server", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model_server"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def numpy_app(example: Any) -> FastAPI:
@@ -106,11 +94,11 @@ async def drive(app: FastAPI, example: Any, clients: int, seconds: float) -> dic
 
 
 async def main(args: argparse.Namespace) -> None:
-    example = load_example()
+    example = load_example("model_server.py", "model_server")
     weights = Path(args.weights) if args.weights else None
     results = {
         "hrx": await drive(
-            example.create_app(args.backend, weights, args.slots),
+            example.create_app(args.backend, weights, args.slots, generate_weights=weights is None),
             example,
             args.clients,
             args.seconds,

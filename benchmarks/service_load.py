@@ -25,7 +25,6 @@ reports the throughput ratios against direct.
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -41,25 +40,13 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from example_module import load_example
 from http_exchange import exchange
 
 HERE = Path(__file__).resolve().parent
-EXAMPLE = HERE.parent / "examples" / "service.py"
 VARIANTS = ("runtime", "unbatched", "direct")
 """The example service (batching), the same with one request per submission, the baseline."""
 RUNTIME_VARIANTS = VARIANTS[:2]
-
-
-def load_example() -> ModuleType:
-    name = "hrx_example_service"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- servers --------------------------------------------------------------------------------
@@ -157,7 +144,7 @@ def add_lag_meter(app: Any) -> None:
 def serve(variant: str, backend: str, slots: int, batch: int) -> None:
     import uvicorn
 
-    example = load_example()
+    example = load_example("service.py", "hrx_example_service")
     if variant == "direct":
         app = direct_app(example)
     else:
@@ -182,7 +169,7 @@ async def load(
 ) -> dict[str, Any]:
     """Requests from `clients` connections for `seconds`: back to back, or with `rate` > 0
     each client sends on a fixed schedule so that all together send `rate` per second."""
-    example = load_example()
+    example = load_example("service.py", "hrx_example_service")
     rng = np.random.default_rng(seed)
     values = rng.normal(0, 2, size).astype(np.float32)
     expected = example.transform_reference(values).tobytes()

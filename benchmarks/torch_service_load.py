@@ -47,7 +47,6 @@ note. `serve` and `load` are the subcommands the run uses for its child processe
 
 import argparse
 import asyncio
-import importlib.util
 import itertools
 import json
 import os
@@ -64,30 +63,17 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import numpy as np
+from example_module import load_example
 from http_exchange import exchange
 
 from hrx_async.serve import RequestRefused, raw_pixels
 
 HERE = Path(__file__).resolve().parent
-EXAMPLE = HERE.parent / "examples" / "torch_classifier.py"
 VARIANTS = ("threads", "event_poll", "runtime")
 """The plain `def` endpoint, the async endpoint polling a CUDA event, this runtime."""
 GPU_ONLY = VARIANTS[:2]
 READY_TIMEOUT_S = 180.0
 """Import PyTorch, open CUDA, build and warm the model: a server may take this long."""
-
-
-def load_example() -> ModuleType:
-    """examples/torch_classifier.py, imported once (the examples are not a package)."""
-    name = "torch_classifier_example"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def picture_of(shape: tuple[int, int], seed: int) -> np.ndarray[Any, Any]:
@@ -193,7 +179,7 @@ def serve(variant: str, args: argparse.Namespace) -> None:
 
     # The request body is read-only bytes; PyTorch warns that it could not write to it.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    example = load_example()
+    example = load_example("torch_classifier.py", "torch_classifier_example")
     if variant == "threads":
         app = threads_app(example, args.model, args.size, args.max_side)
     elif variant == "event_poll":
@@ -528,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--backend must be cuda or sim, got {args.backend!r}")
         if max(args.picture) > args.max_side:
             parser.error(f"--picture {args.picture} is larger than --max-side {args.max_side}")
-        example = load_example()
+        example = load_example("torch_classifier.py", "torch_classifier_example")
         try:
             example.import_torch()
         except example.MissingLibrary as exc:
