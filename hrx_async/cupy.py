@@ -12,17 +12,15 @@ install. `import hrx_async` never imports CuPy.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from ._core import validate as _validate
 from ._core.contract import Access
 from ._core.dlpack import DLPACK_CUDA
 from ._core.graph import Graph
-from ._core.typed import TypedView, typed_views
+from ._core.typed import TypedView, check_region_call, typed_views
 from .errors import BackendUnavailable, ContractError, HrxError
 
 INSTALL = "pip install cupy-cuda12x (cupy-cuda13x for CUDA 13: the CuPy wheel of your CUDA)"
@@ -60,15 +58,7 @@ def region(
     memory, read-only for reads. An exception from `fn` fails the region with
     `ExecutionError` and poisons what it writes. (There is no captured form for CuPy.)
     """
-    if not isinstance(graph, Graph):
-        raise ContractError(
-            f"{WHO} records into a Graph (rt.graph()), got {_validate.shown(graph)}"
-        )
-    if not callable(fn) or inspect.iscoroutinefunction(fn):
-        raise ContractError(
-            f"{WHO} takes a plain function that enqueues CuPy work and returns, got "
-            f"{_validate.shown(fn)}"
-        )
+    check_region_call(WHO, graph, fn, "CuPy")
     specs = typed_views(
         WHO,
         ((Access.READ, reads), (Access.READ_WRITE, updates), (Access.WRITE, writes)),

@@ -10,6 +10,7 @@ anything is recorded.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 from ..errors import ContractError
 from . import validate as _validate
 from .contract import Access
+from .graph import Graph
 from .memory import View
 
 DtypeOf = Callable[[object], tuple[Any, int] | None]
@@ -43,6 +45,21 @@ class TypedView:
     def count(self) -> int:
         """How many elements."""
         return math.prod(self.shape)
+
+
+def check_region_call(who: str, graph: object, fn: object, library: str) -> None:
+    """What every library region (`hrx_async.torch`, `hrx_async.cupy`) checks first: that it
+    records into a `Graph` and that `fn` is a plain function (the work it enqueues is
+    `library`'s), else `ContractError`."""
+    if not isinstance(graph, Graph):
+        raise ContractError(
+            f"{who} records into a Graph (rt.graph()), got {_validate.shown(graph)}"
+        )
+    if not callable(fn) or inspect.iscoroutinefunction(fn):
+        raise ContractError(
+            f"{who} takes a plain function that enqueues {library} work and returns, got "
+            f"{_validate.shown(fn)}"
+        )
 
 
 def typed_views(

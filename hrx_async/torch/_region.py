@@ -12,7 +12,6 @@ work captured there and then (captured).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,7 +23,7 @@ from .._core.contract import Access
 from .._core.dlpack import DLPACK_CUDA, DLPACK_ROCM
 from .._core.graph import Graph
 from .._core.ops import enqueued_only
-from .._core.typed import TypedView, typed_views
+from .._core.typed import TypedView, check_region_call, typed_views
 from ..errors import ContractError, HrxError
 
 WHO = "torch region"
@@ -77,15 +76,7 @@ def region(
     runs everywhere. An exception from `fn` fails the region with `ExecutionError` and
     poisons what it writes.
     """
-    if not isinstance(graph, Graph):
-        raise ContractError(
-            f"{WHO} records into a Graph (rt.graph()), got {_validate.shown(graph)}"
-        )
-    if not callable(fn) or inspect.iscoroutinefunction(fn):
-        raise ContractError(
-            f"{WHO} takes a plain function that enqueues PyTorch work and returns, got "
-            f"{_validate.shown(fn)}"
-        )
+    check_region_call(WHO, graph, fn, "PyTorch")
     _validate.flag(captured, f"{WHO} captured")
     specs = typed_views(
         WHO,
