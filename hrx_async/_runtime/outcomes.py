@@ -19,10 +19,7 @@ from .._core.trace import TraceEvent, TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
 from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
-from .region_owner import RegionOwner
-
-_UNREAD: BaseException = BaseException("the fence's error was not read yet")
-"""`fence_done`'s default: the caller did not read the fence's error."""
+from .region_owner import UNREAD, RegionOwner
 
 
 class Outcomes(RegionOwner):
@@ -45,13 +42,13 @@ class Outcomes(RegionOwner):
     def _admit(self, submission: Submission) -> None:
         raise NotImplementedError
 
-    def fence_done(self, run: RegionRun, error: BaseException | None = _UNREAD) -> None:
+    def fence_done(self, run: RegionRun, error: BaseException | None = UNREAD) -> None:
         """`run`'s fence finished (`error`: its failure, when the caller read it already)."""
         fence = run.fence
         assert fence is not None
         if fence.started_at is not None:
             run.started_at = fence.started_at
-        if error is _UNREAD:
+        if error is UNREAD:
             error = fence.error()
         self.finish(run, error, fence.skipped(), fence.finished_at)
 

@@ -16,6 +16,10 @@ from .notify import LoopNotifier
 from .poison import PoisonBook
 from .watch import QueueWatch
 
+UNREAD: BaseException = BaseException("the fence's error was not read yet")
+"""`fence_done`'s default: the caller did not read the fence's error. (Declared here, so the
+base and the implementation agree on it whichever way the call is made.)"""
+
 
 class RegionOwner:
     """The scheduler that owns a submission, as the submission and its regions see it."""
@@ -31,7 +35,7 @@ class RegionOwner:
     """The asyncio loop, or None on trio."""
     watch: QueueWatch
 
-    def fence_done(self, run: Any, error: Any = None) -> None:
+    def fence_done(self, run: Any, error: BaseException | None = UNREAD) -> None:
         """`run`'s fence finished (`Outcomes.fence_done`)."""
         raise NotImplementedError
 

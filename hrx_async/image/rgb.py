@@ -469,18 +469,9 @@ class RgbOps(ResultOps):
         return ch, cw
 
     def _input(self, tensor: object, what: str) -> Tensor:
-        if not isinstance(tensor, Tensor):
-            raise ContractError(f"{what} must be a Tensor, got {shown(tensor)}")
-        view = tensor.view
-        view.buffer.check_alive()
-        if not self.runtime.owns(view):
-            raise ContractError(f"{what} {tensor} belongs to another runtime")
-        if not view.buffer.placement.gpu_bindable:
-            raise ContractError(f"{what} {tensor} is in {view.buffer.placement} memory")
-        if view.offset % tensor.desc.dtype.itemsize:
-            raise ContractError(f"{what} {tensor} is not aligned to its element size")
-        image_args.check_extent(tensor, what)
-        return tensor
+        checked = self._check_input(tensor, what)
+        image_args.check_extent(checked, what)
+        return checked
 
     def _rgb(self, tensor: object, what: str) -> tuple[int, int, int]:
         t = self._input(tensor, what)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from .._core.memory import Buffer, View
+from .._core.validate import shown
 from .._runtime.completion import Completion
 from .._runtime.prepared import PreparedGraph
 from ..errors import Busy, ContractError
@@ -259,6 +260,21 @@ class ResultOps:
     async def clear(self) -> None:
         """Evict every idle plan and free its memory; plans still in use stay."""
         await self.plans.clear()
+
+    def _check_input(self, tensor: object, what: str) -> Tensor:
+        """`tensor` when an operation can read it: a Tensor of this runtime, alive, in
+        GPU-visible memory, aligned to its element size; else `ContractError` naming `what`."""
+        if not isinstance(tensor, Tensor):
+            raise ContractError(f"{what} must be a Tensor, got {shown(tensor)}")
+        view = tensor.view
+        view.buffer.check_alive()
+        if not self.runtime.owns(view):
+            raise ContractError(f"{what} {tensor} belongs to another runtime")
+        if not view.buffer.placement.gpu_bindable:
+            raise ContractError(f"{what} {tensor} is in {view.buffer.placement} memory")
+        if view.offset % tensor.desc.dtype.itemsize:
+            raise ContractError(f"{what} {tensor} is not aligned to its element size")
+        return tensor
 
 
 __all__ = [

@@ -306,18 +306,6 @@ class TensorOps(ResultOps):
         plan, buffer, graph = self._empty
         return Result(desc, buffer.view(), Lease(plan, 0), graph.submit())
 
-    def _check_input(self, tensor: object, what: str) -> None:
-        if not isinstance(tensor, Tensor):
-            raise ContractError(f"{what} must be a Tensor, got {shown(tensor)}")
-        view = tensor.view
-        view.buffer.check_alive()
-        if not self.runtime.owns(view):
-            raise ContractError(f"{what} {tensor} belongs to another runtime")
-        if not view.buffer.placement.gpu_bindable:
-            raise ContractError(f"{what} {tensor} is in {view.buffer.placement} memory")
-        if view.offset % tensor.desc.dtype.itemsize:
-            raise ContractError(f"{what} {tensor} is not aligned to its element size")
-
     def _kernel(
         self,
         entry: str,
