@@ -21,6 +21,7 @@ import anyio
 import numpy as np
 
 import hrx_async as hrx
+import hrx_async._runtime.watch as watch_module
 from hrx_async.tools.benchmark import Distribution
 
 MIX_CXX = r"""
@@ -233,21 +234,30 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="gc.collect(); gc.freeze() once the runtime is set up, as latency-sensitive "
         "services do (full collections then scan only objects made since)",
     )
+    options.add_argument(
+        "--sweep-limit",
+        type=int,
+        default=None,
+        help="fences one loop pass may finish (the watch's SWEEP_LIMIT)",
+    )
     options.add_argument("--json", action="store_true", help="print one JSON line only")
     return options
 
 
 def configure(rt: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Apply --poll-us to the runtime's backend; returns the settings in force."""
+    """Apply --poll-us and --sweep-limit; returns the settings in force."""
     backend = rt._backend_or_raise()
     if args.poll_us is not None:
         backend.poll_budget_us = args.poll_us
+    if args.sweep_limit is not None:
+        watch_module.SWEEP_LIMIT = args.sweep_limit
     if args.gc_freeze:
         gc.collect()
         gc.freeze()
     return {
         "poll_budget_us": backend.poll_budget_us,
         "gc_frozen": bool(args.gc_freeze),
+        "sweep_limit": watch_module.SWEEP_LIMIT,
     }
 
 

@@ -18,13 +18,10 @@ import anyio
 from cuda_common import Direct, configure, parser, run
 
 import hrx_async as hrx
-import hrx_async._runtime.watch as watch_module
 from hrx_async.tools.benchmark import LoopLag
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    if args.sweep_limit is not None:
-        watch_module.SWEEP_LIMIT = args.sweep_limit
     direct = Direct()
     async with hrx.Runtime(backend="cuda", npu=None, max_submissions=max(64, args.tasks)) as rt:
         settings = configure(rt, args)
@@ -91,7 +88,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "loop_lag_p99_ms": [round(lag, 3) for lag in lags],
         "loop_lag_p99_ms_worst": round(max(lags), 3),
         "direct_sync_replays_per_s": [round(r) for r in direct_rates],
-        "sweep_limit": watch_module.SWEEP_LIMIT,
         "completions": stats.completions,
         "goal": ">= 40000 completions/s, loop lag p99 <= 2 ms",
     }
@@ -102,10 +98,4 @@ if __name__ == "__main__":
     options.add_argument("--tasks", type=int, default=64)
     options.add_argument("--seconds", type=float, default=2.0)
     options.add_argument("--rounds", type=int, default=4)
-    options.add_argument(
-        "--sweep-limit",
-        type=int,
-        default=None,
-        help="fences one loop pass may finish (the scheduler's SWEEP_LIMIT)",
-    )
     run(main, options.parse_args())

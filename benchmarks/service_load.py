@@ -25,6 +25,7 @@ reports the throughput ratios against direct.
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -90,9 +91,11 @@ def direct_app(example: ModuleType) -> Any:
     return app
 
 
-def add_lag_meter(app: Any) -> None:
+def add_lag_meter(app: Any, gc_freeze: bool = False) -> None:
     """POST /lag/start begins a LoopLag on the server's loop; POST /lag/stop ends it and
-    answers its summary in milliseconds."""
+    answers its summary in milliseconds, with the garbage collector's pauses meanwhile.
+    `gc_freeze`: once the app has started, collect and freeze what exists (as
+    latency-sensitive services do), so later collections scan only newer objects."""
     import anyio
     import anyio.abc
     from starlette.requests import Request
@@ -107,12 +110,28 @@ def add_lag_meter(app: Any) -> None:
     async def lifespan(app: Any) -> AsyncIterator[Any]:
         async with inner(app) as value, anyio.create_task_group() as group:
             state["group"] = group
+            if gc_freeze:
+                gc.collect()
+                gc.freeze()
             yield value
             group.cancel_scope.cancel()
+
+    pauses: list[float] = []
+    began: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        # The collector's pauses stop the loop like any blocking call: timed, to tell them
+        # apart from the loop's own work.
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began:
+            pauses.append((time.perf_counter() - began.pop()) * 1000.0)
 
     async def start(request: Request) -> Response:
         lag = LoopLag(0.001)
         scope = anyio.CancelScope()
+        pauses.clear()
+        gc.callbacks.append(on_gc)
 
         async def tick() -> None:
             with scope:
@@ -126,6 +145,8 @@ def add_lag_meter(app: Any) -> None:
     async def stop(request: Request) -> Response:
         lag, scope = state.pop("lag"), state.pop("scope")
         scope.cancel()
+        if on_gc in gc.callbacks:
+            gc.callbacks.remove(on_gc)
         samples = sorted(lag.samples_ms)
         return JSONResponse(
             {
@@ -133,6 +154,9 @@ def add_lag_meter(app: Any) -> None:
                 "p50_ms": percentile(samples, 50),
                 "p99_ms": percentile(samples, 99),
                 "max_ms": samples[-1],
+                "gc_pauses": len(pauses),
+                "gc_pause_max_ms": round(max(pauses, default=0.0), 3),
+                "gc_pause_total_ms": round(sum(pauses), 3),
             }
         )
 

@@ -16,20 +16,24 @@ back on the host, answered as JSON:
 * runtime:    `examples/torch_classifier.py`: the upload, ImageOps' resize and normalize
   kernels, the model as a captured PyTorch region on the compute lane's stream and the
   download of the answer are one prepared graph per batch size; requests that arrive
-  while every slot is busy are batched (`Batcher`, up to `--batch`).
+  while every slot is busy are batched (`Batcher`, up to `--batch`). Every slot prepares
+  its graphs for the benchmark's picture size at start-up, as a service that knows the
+  sizes it gets does (`--no-prepare`: each on its first batch, on the loop, instead).
 
 What is measured, and why: requests/s and p50/p99 latency seen by `--clients` HTTP/1.1
 keep-alive connections (1, 8 and 64 by default) driven from a separate process over
-loopback for `--seconds` per phase, so the client's work never shares the servers' loop
-or GIL; and each server's event-loop lag (a 1 ms ticker inside the server, its p99 and
-maximum lateness), which shows how long the loop could not answer anything else (a
-health check, another request's bytes). Each server runs in its own process with uvicorn;
-phases alternate between the servers (in order, then reversed, for `--rounds` rounds) after
-a warm-up phase each, so drift on the machine spreads over all three. Before any load
-every server's answer for the benchmark's picture is checked against the same pipeline
-run eagerly on the CPU (ImageOps' resize maths in numpy, the same model), and during load
-every answer must be a 200; those naming other classes than that first one are counted
-(`other_answers`: a GPU may order near ties differently in another batch size).
+loopback for `--seconds` per phase, so the client's work never shares the servers' loop or
+GIL; and each server's event-loop lag (a 1 ms ticker inside the server, its p99 and
+maximum lateness), which shows how long the loop could not answer anything else (a health
+check, another request's bytes), with the garbage collector's pauses meanwhile
+(`--gc-freeze` freezes every server's start-up objects, so collections scan fewer). Each
+server runs in its own process with uvicorn; phases alternate between the servers (in
+order, then reversed, for `--rounds` rounds) after a warm-up phase each, so drift on the
+machine spreads over all three. Before any load every server's answer for the benchmark's
+picture is checked against the same pipeline run eagerly on the CPU (ImageOps' resize
+maths in numpy, the same model), and during load every answer must be a 200; those naming
+other classes than that first one are counted (`other_answers`: a GPU may order near ties
+differently in another batch size).
 
 Output: the command line and the machine, one JSON line per (server, clients) with the
 medians over the rounds (and each round's requests/s), then a markdown table.
@@ -185,10 +189,17 @@ def serve(variant: str, args: argparse.Namespace) -> None:
     elif variant == "event_poll":
         app = event_poll_app(example, args.model, args.size, args.max_side, args.streams)
     else:
+        pictures = [] if args.no_prepare else [args.picture]
         app = example.create_app(
-            args.backend, args.model, args.size, args.slots, args.batch, args.max_side
+            args.backend,
+            args.model,
+            args.size,
+            args.slots,
+            args.batch,
+            args.max_side,
+            pictures=pictures,
         )
-    add_lag_meter(app)
+    add_lag_meter(app, args.gc_freeze)
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
     # protocol says TCP, and accepted sockets inherit it; with 0 every answer waits ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -260,6 +271,8 @@ def start_servers(variants: Sequence[str], args: argparse.Namespace) -> dict[str
     options = ["--backend", args.backend, "--model", args.model, "--size", str(args.size)]
     options += ["--slots", str(args.slots), "--batch", str(args.batch)]
     options += ["--streams", str(args.streams), "--max-side", str(args.max_side)]
+    options += ["--picture", f"{args.picture[0]}x{args.picture[1]}"]
+    options += ["--no-prepare"] * args.no_prepare + ["--gc-freeze"] * args.gc_freeze
     started = {
         variant: subprocess.Popen(
             [sys.executable, __file__, "serve", variant, *options],
@@ -396,6 +409,9 @@ def summary(
         "p99_ms": round(median([r["p99_ms"] for r in rows]), 3),
         "loop_lag_p99_ms": round(median([r["lag"]["p99_ms"] for r in rows]), 3),
         "loop_lag_max_ms": round(max(r["lag"]["max_ms"] for r in rows), 3),
+        "gc_pauses": sum(r["lag"]["gc_pauses"] for r in rows),
+        "gc_pause_max_ms": max(r["lag"]["gc_pause_max_ms"] for r in rows),
+        "gc_frozen": args.gc_freeze,
         "requests": sum(r["requests"] for r in rows),
         "other_answers": sum(r["other_answers"] for r in rows),
         "rounds_requests_per_s": [round(r["rps"], 1) for r in rows],
@@ -493,7 +509,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         command.add_argument("--batch", type=int, default=16, help="runtime: pictures per batch")
         command.add_argument("--streams", type=int, default=4, help="event_poll: CUDA streams")
         command.add_argument("--max-side", type=int, default=640, help="largest picture side")
-    for command in (parser, load_cmd):
+        command.add_argument(
+            "--no-prepare",
+            action="store_true",
+            help="runtime: prepare no graphs at start-up (each on its first batch instead)",
+        )
+        command.add_argument(
+            "--gc-freeze",
+            action="store_true",
+            help="every server: gc.collect(); gc.freeze() once started",
+        )
+    for command in (parser, serve_cmd, load_cmd):
         command.add_argument("--seconds", type=float, default=3.0, help="per phase")
         command.add_argument("--picture", type=picture_shape, default=(480, 640))
         command.add_argument("--seed", type=int, default=1, help="of the random picture")

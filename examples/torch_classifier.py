@@ -55,7 +55,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Annotated, Any, NamedTuple
@@ -346,7 +346,7 @@ class Classifier:
         self.size = size
         self.max_batch = batch
         self.max_side = max_side
-        self.batches = (*(b for b in BATCHES if b < batch), batch)
+        self.batches = batch_sizes(batch)
         self.ops = ImageOps(rt, capacity=64)
         self.pool: SlotPool[Pipeline] = SlotPool(rt, slots, self._build_slot, "classifier")
         self.shapes: dict[tuple[int, int], Shape] = {}
@@ -402,6 +402,19 @@ class Classifier:
             steps.popitem(last=False)  # the slot is held and idle: nothing of it is running
             self.steps_dropped += 1
         return step
+
+    async def prepare_for(self, pictures: Sequence[tuple[int, int]]) -> None:
+        """Prepare every slot's graphs for every batch size of each picture size (height,
+        width), so requests of those sizes never wait for a graph (and its model capture)
+        to be prepared on the loop: for the sizes a service expects, at start-up."""
+        check_pictures(pictures, self.max_side, len(self.batches))
+        async with AsyncExitStack() as held:  # every slot, so each gets its graphs
+            acquire = self.pool.acquire
+            slots = [await held.enter_async_context(acquire()) for _ in range(self.pool.size)]
+            for slot in slots:
+                for height, width in pictures:
+                    for batch in self.batches:
+                        await self.step(slot.resources, batch, height, width)
 
     async def run_batch(self, slot: Slot[Pipeline], pictures: list[Array]) -> list[Answer]:
         """One submission for pictures of one size: each at its place in the slot's staging,
@@ -474,6 +487,30 @@ class Classifier:
         await self.ops.clear()
 
 
+def batch_sizes(batch: int) -> tuple[int, ...]:
+    """The batch sizes prepared for `batch` pictures a submission at most."""
+    return (*(b for b in BATCHES if b < batch), batch)
+
+
+def check_pictures(pictures: Sequence[tuple[int, int]], max_side: int, batches: int) -> None:
+    """ValueError unless each is a (height, width) taken, and their graphs fit in a slot."""
+    for shape in pictures:
+        if (
+            not isinstance(shape, tuple)
+            or len(shape) != 2
+            or not all(isinstance(side, int) and 1 <= side <= max_side for side in shape)
+        ):
+            raise ValueError(
+                f"a picture size to prepare for is (height, width), each 1..{max_side}, "
+                f"got {shape!r}"
+            )
+    if batches * len(pictures) > PLANS_PER_SLOT:
+        raise ValueError(
+            f"{len(pictures)} picture sizes need {batches * len(pictures)} graphs per slot; "
+            f"a slot keeps {PLANS_PER_SLOT}"
+        )
+
+
 def _fill(staging: Array, pictures: list[Array]) -> None:
     for index, picture in enumerate(pictures):
         staging[index] = picture
@@ -508,13 +545,16 @@ def create_app(
     batch: int = 16,
     max_side: int = MAX_SIDE,
     warm: bool = True,
+    pictures: Sequence[tuple[int, int]] = (),
 ) -> FastAPI:
     """The service as a FastAPI app with its own runtime (opened by the app's lifespan).
 
     `size`: the model's input side in pixels; `slots` concurrent submissions; `batch`
     pictures per submission at most (1: no batching); `max_side` the largest picture side
-    taken (each slot stages `batch` pictures of that size). MissingLibrary now when
-    PyTorch or torchvision is missing, ValueError (first) for a bad argument."""
+    taken (each slot stages `batch` pictures of that size); `pictures` the picture sizes
+    (height, width) whose graphs every slot prepares at start-up, for every batch size
+    (other sizes get theirs on first use). MissingLibrary now when PyTorch or torchvision
+    is missing, ValueError (first) for a bad argument."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     for name, value, low in (("size", size, 32), ("slots", slots, 1), ("max_side", max_side, 1)):
@@ -522,6 +562,8 @@ def create_app(
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= BATCHES[-1]:
         raise ValueError(f"batch must be an integer in 1..{BATCHES[-1]}, got {batch!r}")
+    pictures = tuple(pictures)
+    check_pictures(pictures, max_side, len(batch_sizes(batch)))
     import_torch()
 
     async def setup(rt: hrx.Runtime) -> Classifier:
@@ -529,6 +571,7 @@ def create_app(
         classifier = Classifier(rt, net, model, size, slots, batch, max_side)
         if warm and rt.backend_name != "sim":  # the CPU has no kernels to load
             await anyio.to_thread.run_sync(warm_up, net, classifier.batches, size)
+        await classifier.prepare_for(pictures)
         logger.info("serving %s at %dx%d on %s", model, size, size, rt.backend_name)
         return classifier
 
@@ -599,6 +642,14 @@ def create_app(
     return app
 
 
+def picture_size(text: str) -> tuple[int, int]:
+    """'480x640' as (480, 640); argparse reports the ValueError of anything else."""
+    height, sep, width = text.lower().partition("x")
+    if not sep or not height.isdigit() or not width.isdigit():
+        raise ValueError(f"a picture size is HEIGHTxWIDTH (480x640), got {text!r}")
+    return int(height), int(width)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until interrupted; exit status 0, 1 (a library or the backend is unusable), 64
     (usage)."""
@@ -616,13 +667,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=4, help="concurrent submissions")
     parser.add_argument("--batch", type=int, default=16, help="pictures per submission at most")
     parser.add_argument("--max-side", type=int, default=MAX_SIDE, help="largest picture side")
+    parser.add_argument(
+        "--prepare",
+        type=picture_size,
+        action="append",
+        default=[],
+        metavar="HxW",
+        help="a picture size whose graphs are prepared at start-up (repeatable)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         resolve(args.backend)  # said now in one line, not as a traceback at start-up
-        app = create_app(args.backend, args.model, args.size, args.slots, args.batch, args.max_side)
+        app = create_app(
+            args.backend,
+            args.model,
+            args.size,
+            args.slots,
+            args.batch,
+            args.max_side,
+            pictures=args.prepare,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     except (hrx.HrxError, MissingLibrary) as exc:

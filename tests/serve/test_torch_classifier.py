@@ -103,10 +103,17 @@ def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as caught:
         example.main(["--port", "70000"])
     assert caught.value.code == 64
+    with pytest.raises(SystemExit) as caught:
+        example.main(["--prepare", "64by64"])
+    assert caught.value.code == 64
+    assert example.picture_size("480x640") == (480, 640)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"batch": 17}, "batch must be an integer in 1..16"),
         ({"size": 16}, "size must be an integer >= 32"),
         ({"model": "alexnet"}, "model must be one of resnet18, resnet50"),
+        ({"pictures": [(0, 64)]}, "a picture size to prepare for is"),
+        ({"pictures": [(64, 2000)]}, "a picture size to prepare for is"),
+        ({"pictures": [(64, 64)] * 4}, "need 20 graphs per slot; a slot keeps 16"),
     ]
     for options, reason in cases:
         with pytest.raises(ValueError, match=reason):
@@ -136,13 +143,20 @@ def test_pytorch_interpolate_agrees_with_the_imageops_reference_within_a_level()
 
 @asynccontextmanager
 async def serving(
-    backend: str, size: int, batch: int = 4, slots: int = 2, max_side: int = 96
+    backend: str,
+    size: int,
+    batch: int = 4,
+    slots: int = 2,
+    max_side: int = 96,
+    pictures: tuple[tuple[int, int], ...] = (),
 ) -> AsyncIterator[tuple[ModuleType, Any, Any]]:
     torch = torch_or_skip()
     if backend != "sim" and not torch.cuda.is_available():
         pytest.skip(f"this PyTorch has no GPU support for the {backend} backend")
     example = load_example()
-    app = example.create_app(backend, size=size, slots=slots, batch=batch, max_side=max_side)
+    app = example.create_app(
+        backend, size=size, slots=slots, batch=batch, max_side=max_side, pictures=pictures
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://classifier") as client:
@@ -215,6 +229,34 @@ async def test_concurrent_answers_match_the_pipeline_run_eagerly(hrx_backend: st
         assert stats["batches"] < stats["pictures"]
         assert stats["slots_built"] <= 2
         assert (await client.get("/healthz")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_graphs_for_an_expected_picture_size_are_prepared_at_start_up(
+    hrx_backend: str,
+) -> None:
+    size = 64 if hrx_backend == "sim" else 224
+    async with serving(hrx_backend, size, pictures=((48, 64),)) as (example, _app, client):
+        stats = (await client.get("/v1/classifier/stats")).json()
+        # every slot, every batch size (1, 2, 4), before any request
+        assert stats["slots_built"] == 2
+        assert stats["steps_prepared"] == 2 * 3
+        assert stats["batches"] == 0
+        reference = Reference(example, hrx_backend, size)
+        rng = np.random.default_rng(8)
+        for n in (1, 3):
+            pictures = rng.integers(0, 256, (n, 48, 64, 3), dtype=np.uint8)
+            reply = await client.post("/v1/classify", **raw(pictures if n > 1 else pictures[0]))
+            assert reply.status_code == 200, reply.text
+            reference.check(pictures, reply.json())
+        stats = (await client.get("/v1/classifier/stats")).json()
+        assert stats["steps_prepared"] == 2 * 3  # those requests found their graphs
+        assert stats["pictures"] == 4
+        # another size gets its graph on first use
+        other = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+        assert (await client.post("/v1/classify", **raw(other))).status_code == 200
+        stats = (await client.get("/v1/classifier/stats")).json()
+        assert stats["steps_prepared"] == 2 * 3 + 1
 
 
 @pytest.mark.anyio
