@@ -25,10 +25,12 @@ reports the throughput ratios against direct.
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import json
 import os
 import platform
+import pstats
 import socket
 import subprocess
 import sys
@@ -91,11 +93,13 @@ def direct_app(example: ModuleType) -> Any:
     return app
 
 
-def add_lag_meter(app: Any, gc_freeze: bool = False) -> None:
+def add_lag_meter(app: Any, gc_freeze: bool = False, profile_to: str | None = None) -> None:
     """POST /lag/start begins a LoopLag on the server's loop; POST /lag/stop ends it and
     answers its summary in milliseconds, with the garbage collector's pauses meanwhile.
     `gc_freeze`: once the app has started, collect and freeze what exists (as
-    latency-sensitive services do), so later collections scan only newer objects."""
+    latency-sensitive services do), so later collections scan only newer objects.
+    `profile_to`: also profile the loop's thread (cProfile) from start to stop, and append
+    its busiest functions to that file."""
     import anyio
     import anyio.abc
     from starlette.requests import Request
@@ -132,6 +136,9 @@ def add_lag_meter(app: Any, gc_freeze: bool = False) -> None:
         scope = anyio.CancelScope()
         pauses.clear()
         gc.callbacks.append(on_gc)
+        if profile_to is not None:
+            state["profile"] = profile = cProfile.Profile()
+            profile.enable()
 
         async def tick() -> None:
             with scope:
@@ -148,6 +155,12 @@ def add_lag_meter(app: Any, gc_freeze: bool = False) -> None:
         if on_gc in gc.callbacks:
             gc.callbacks.remove(on_gc)
         samples = sorted(lag.samples_ms)
+        profile = state.pop("profile", None)
+        if profile is not None and profile_to is not None:
+            profile.disable()
+            with open(profile_to, "a") as out:
+                out.write(f"== {len(samples)} lag samples, p99 {percentile(samples, 99)} ms\n")
+                pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(40)
         return JSONResponse(
             {
                 "count": len(samples),

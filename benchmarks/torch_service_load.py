@@ -199,13 +199,16 @@ def serve(variant: str, args: argparse.Namespace) -> None:
             args.max_side,
             pictures=pictures,
         )
-    add_lag_meter(app, args.gc_freeze)
+    profile_to = f"{args.profile_loop}/{variant}.txt" if args.profile_loop else None
+    add_lag_meter(app, args.gc_freeze, profile_to)
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
     # protocol says TCP, and accepted sockets inherit it; with 0 every answer waits ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", http=args.http
+    )
     print(f"READY {sock.getsockname()[1]}", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -273,6 +276,8 @@ def start_servers(variants: Sequence[str], args: argparse.Namespace) -> dict[str
     options += ["--streams", str(args.streams), "--max-side", str(args.max_side)]
     options += ["--picture", f"{args.picture[0]}x{args.picture[1]}"]
     options += ["--no-prepare"] * args.no_prepare + ["--gc-freeze"] * args.gc_freeze
+    options += ["--profile-loop", args.profile_loop] if args.profile_loop else []
+    options += ["--http", args.http]
     started = {
         variant: subprocess.Popen(
             [sys.executable, __file__, "serve", variant, *options],
@@ -412,6 +417,7 @@ def summary(
         "gc_pauses": sum(r["lag"]["gc_pauses"] for r in rows),
         "gc_pause_max_ms": max(r["lag"]["gc_pause_max_ms"] for r in rows),
         "gc_frozen": args.gc_freeze,
+        "http": args.http,
         "requests": sum(r["requests"] for r in rows),
         "other_answers": sum(r["other_answers"] for r in rows),
         "rounds_requests_per_s": [round(r["rps"], 1) for r in rows],
@@ -518,6 +524,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--gc-freeze",
             action="store_true",
             help="every server: gc.collect(); gc.freeze() once started",
+        )
+        command.add_argument(
+            "--http",
+            choices=("auto", "h11", "httptools"),
+            default="auto",
+            help="every server: uvicorn's HTTP parser (auto: httptools where installed)",
+        )
+        command.add_argument(
+            "--profile-loop",
+            default=None,
+            metavar="DIR",
+            help="every server profiles its loop thread in each phase: DIR/SERVER.txt",
         )
     for command in (parser, serve_cmd, load_cmd):
         command.add_argument("--seconds", type=float, default=3.0, help="per phase")

@@ -21,14 +21,17 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.poison",
     "hrx_async._runtime.region",
     "hrx_async._runtime.region_owner",
+    "hrx_async._runtime.replay",
     "hrx_async._runtime.outcomes",
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream",
+    "hrx_async.backends.worker",
 )
 """The modules mypyc compiles when it can: the replay path's admission, tracker, settling,
-fence sweeps and completions, and the stream queues that launch each region. Each must pass
+fence sweeps and completions, the stream queues that launch each region, and the worker
+threads that run the sim backend's lanes and the host lane. Each must pass
 mypy --strict and the whole test suite compiled; none may be an entry point users call with
 unchecked arguments (compiled code raises TypeError for an argument of the wrong type, the
 public API ContractError).

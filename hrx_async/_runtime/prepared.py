@@ -6,28 +6,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.graph import GraphPlan, Node, RegionPlan
-from .._core.intervals import Interval, read_before_written, written_whole
+from .._core.intervals import Interval
 from .completion import Completion
+from .replay import ReplayPlan
 
 if TYPE_CHECKING:
-    from .._core.lane import Lane
-    from .._core.memory import Buffer
     from .ports import Submitter
-
-ByteAccess = tuple[int, int, int, bool]
-"""(buffer ident, start, end, writes)"""
-ReplayStep = tuple[
-    RegionPlan,
-    Any,
-    object,
-    "tuple[Lane, int]",
-    tuple[ByteAccess, ...],
-    "tuple[Buffer, ...]",
-    tuple[Interval, ...],
-    tuple[tuple[int, int, int], ...],
-    float,
-]
-"""Per region, what admission needs (see `PreparedGraph.steps`)."""
 
 
 class PreparedGraph:
@@ -36,23 +20,7 @@ class PreparedGraph:
     Replay does O(regions) Python work and allocates no native memory.
     """
 
-    __slots__ = (
-        "buffers",
-        "clears",
-        "coherent_reads",
-        "estimates",
-        "first_on_stream",
-        "input_reads",
-        "inputs",
-        "plan",
-        "programs",
-        "providers",
-        "queues",
-        "region_inputs",
-        "runtime",
-        "session",
-        "steps",
-    )
+    __slots__ = ("buffers", "plan", "programs", "providers", "replay", "runtime", "session")
 
     def __init__(
         self,
@@ -70,47 +38,13 @@ class PreparedGraph:
         self.programs = programs
         self.providers = providers
         self.buffers = plan.buffers
-        self.estimates = [0.0] * len(programs)
-        """Smoothed observed duration of each region, seconds: how long to watch its queue."""
-        self.coherent_reads: tuple[tuple[tuple[int, int, int], ...], ...] = tuple(
-            getattr(program, "coherent_reads", ()) for program in programs
-        )
-        """Per region, the byte ranges (buffer ident, start, end) its program syncs before it
-        runs unless earlier regions of its lane wrote them last (see
-        `RegionRun.program_for_writers`); empty for most programs."""
-        self.clears = tuple(written_whole(plan, region) for region in plan.regions)
-        """Per region, the buffers it writes whole: running it clears their poison."""
-        self.region_inputs = tuple(
-            read_before_written([plan.nodes[i] for i in region.nodes]) for region in plan.regions
-        )
-        """Per region, the bytes it reads before writing them itself: poisoned, they refuse it."""
-        self.steps: tuple[ReplayStep, ...] = tuple(
-            (
-                region,
-                program,
-                provider,
-                region.queue_key,
-                tuple((i.buffer.ident, i.start, i.end, False) for i in region.reads)
-                + tuple((i.buffer.ident, i.start, i.end, True) for i in region.writes),
-                self.clears[region.index],
-                self.region_inputs[region.index],
-                self.coherent_reads[region.index],
-                getattr(provider, "poll_budget_us", 0.0),
-            )
-            for region, program, provider in zip(plan.regions, programs, providers, strict=True)
-        )
-        """Per region, what admission needs, worked out once: its plan, program, provider,
-        queue key, byte-range accesses (reads first) as (buffer ident, start, end, writes),
-        the buffers it writes whole, the bytes it reads first, its program's coherent
-        reads and its provider's poll budget (µs; above 0 for a watched device stream)."""
-        self.first_on_stream = self.steps[0][8] > 0
-        """Its first region goes to a watched queue (a device stream): it may launch before
-        the bookkeeping of its submission (`Scheduler.submit`)."""
-        self.queues: list[Any] = [None] * len(programs)
-        """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
-        self.input_reads = read_before_written(plan.nodes)
+        self.replay = ReplayPlan(plan, programs, providers, session.mappings, session)
+        """What admission needs of each replay, worked out now."""
+
+    @property
+    def input_reads(self) -> tuple[Interval, ...]:
         """The bytes the graph reads before writing them itself: poisoned, they refuse it."""
-        self.inputs = tuple({i.buffer.ident: i.buffer for i in self.input_reads}.values())
+        return self.replay.input_reads
 
     @property
     def label(self) -> str:
@@ -152,14 +86,14 @@ class PreparedGraph:
         scheduler = self.session.scheduler
         if scheduler is None:
             scheduler = self.session.scheduler_or_raise()
-        return scheduler.submit(self, after, False)
+        return scheduler.submit(self.replay, after, False)
 
     def submit_nowait(self, after: Iterable[Completion] = ()) -> Completion:
         """Like `submit`, but raise `Busy` instead of queueing beyond `max_submissions`."""
         scheduler = self.session.scheduler
         if scheduler is None:
             scheduler = self.session.scheduler_or_raise()
-        return scheduler.submit(self, after, True)
+        return scheduler.submit(self.replay, after, True)
 
     def __repr__(self) -> str:
         return f"<PreparedGraph {self.label!r} {len(self.nodes)} nodes {len(self.regions)} regions>"

@@ -64,7 +64,7 @@ from .watch import QueueWatch
 if TYPE_CHECKING:
     from .._core.memory import Buffer
     from ..backends.base import Fence
-    from .prepared import PreparedGraph
+    from .replay import ReplayPlan
 
 
 _NO_WAITS: tuple[Fence, ...] = ()
@@ -129,22 +129,22 @@ class Scheduler(Outcomes):
 
     # -- admission -------------------------------------------------------------
 
-    def submit(
-        self, prepared: PreparedGraph, after: Iterable[Completion], nowait: bool
-    ) -> Completion:
+    def submit(self, replay: ReplayPlan, after: Iterable[Completion], nowait: bool) -> Completion:
         # The hot path of every replay: checks that pass cost one comparison each, and
         # the slower explanations live in _refuse and _check_inputs.
         if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
             self._refuse()
-        for buffer in prepared.buffers:
-            if buffer.freed:
+        frees = replay.session.frees
+        if frees != replay.frees_seen:
+            for buffer in replay.buffers:
                 buffer.check_alive()
-        for buffer in prepared.inputs:
+            replay.frees_seen = frees
+        for buffer in replay.inputs:
             if buffer.poison is not None:
-                self._check_input_poison(prepared, buffer)
-        mappings = prepared.session.mappings
+                self._check_input_poison(replay, buffer)
+        mappings = replay.mappings
         if mappings.count:
-            mappings.check_conflicts(prepared.plan)
+            mappings.check_conflicts(replay.plan)
         after_items: tuple[Completion, ...] = ()
         if after:
             try:
@@ -165,21 +165,22 @@ class Scheduler(Outcomes):
         admit_now = self.in_flight < self.max_submissions and not self.waiting
         early: Fence | BaseException | None = None
         started = 0.0
-        steps = prepared.steps
-        if admit_now and not after_items and prepared.first_on_stream:
+        if admit_now and not after_items and replay.first_on_stream:
             started = time.perf_counter()
             try:
-                early = self._launch_first(prepared)
+                early = self._launch_first(replay)
             except BaseException as exc:  # launched and failed: the region fails in _admit
                 early = exc
 
-        submission = Submission(self, prepared.plan.label, after_items)
-        record = self.tracker.record
-        estimates = prepared.estimates
+        submission = Submission(self, replay.label, after_items)
+        tracker = self.tracker
+        estimates = replay.estimates
         runs = submission.runs
-        queues = prepared.queues
+        queues = replay.queues
         launched = early is not None and not isinstance(early, BaseException)
-        for region, program, provider, key, accesses, clears, inputs, coherent, budget in steps:
+        for region, program, provider, key, accesses, clears, inputs, coherent, budget in (
+            replay.steps
+        ):
             if launched:
                 # It runs already, so what it writes whole is no longer poisoned (nothing
                 # can have come between its launch and here).
@@ -193,10 +194,10 @@ class Scheduler(Outcomes):
                 budget,
             )  # fmt: skip
             if coherent:  # its syncs depend on who wrote its inputs last
-                run.program = run.program_for_writers(self.tracker, coherent)
+                run.program = run.program_for_writers(tracker, coherent)
             deps: set[object] | None = None
             for ident, start, end, writes in accesses:
-                found = record(ident, start, end, writes, run)
+                found = tracker.record(ident, start, end, writes, run)
                 if found:
                     if deps is None:
                         deps = found
@@ -286,7 +287,7 @@ class Scheduler(Outcomes):
         self.finish(run, error)
         self._pump()  # what queued behind the stage may go now
 
-    def _check_input_poison(self, prepared: PreparedGraph, buffer: Buffer) -> None:
+    def _check_input_poison(self, replay: ReplayPlan, buffer: Buffer) -> None:
         """Refuse a graph that reads poisoned bytes of `buffer` before writing them.
 
         Only when no admitted region will overwrite the buffer whole before it: whether
@@ -294,21 +295,21 @@ class Scheduler(Outcomes):
         """
         if self.poison_book.expected(buffer):
             return
-        found = self.poison_book.find(i for i in prepared.input_reads if i.buffer is buffer)
+        found = self.poison_book.find(i for i in replay.input_reads if i.buffer is buffer)
         if found is not None:
             raise PoisonedError(found[0], found[1])
 
-    def _launch_first(self, prepared: PreparedGraph) -> Fence | None:
+    def _launch_first(self, replay: ReplayPlan) -> Fence | None:
         """Launch a graph's first region before any bookkeeping, when nothing can come
         before it; `_admit` would issue it at once anyway.
 
-        Only for a first region on a device stream (`prepared.first_on_stream`, checked by
+        Only for a first region on a device stream (`replay.first_on_stream`, checked by
         the caller: watched queues issue at once, so cancelling could not skip the work
         anyway), on an idle lane, and when no earlier work
         still uses any of its bytes. The bookkeeping that follows then overlaps the
         device's work instead of delaying it. None when the region does not qualify.
         """
-        step = prepared.steps[0]
+        step = replay.steps[0]
         program, provider, key, accesses = step[1:5]
         budget_us = step[8]
         lane = self.lanes.get(key)
@@ -318,10 +319,10 @@ class Scheduler(Outcomes):
         for access in accesses:
             if access[0] in allocs:
                 return None
-        queue = prepared.queues[0]
+        queue = replay.queues[0]
         if queue is None:
-            queue = prepared.queues[0] = provider.queue(key)  # type: ignore[attr-defined]
-        return self.watch.launch(queue, budget_us, program, (), None, prepared.estimates[0])
+            queue = replay.queues[0] = provider.queue(key)  # type: ignore[attr-defined]
+        return self.watch.launch(queue, budget_us, program, (), None, replay.estimates[0])
 
     def _refuse(self) -> None:
         if self.closed:

@@ -76,6 +76,9 @@ class Session:
         self.mappings = HostMappings(self)
         self.interop = Interop(self)
         self.lost: BaseException | None = None
+        self.frees = 0
+        """Buffers freed so far: until it changes, a replay that found its buffers alive
+        need not look at each again."""
 
     # -- opening -------------------------------------------------------------------------
 
@@ -172,6 +175,7 @@ class Session:
                 failed = failed or exc
             if buffer is not None:
                 buffer._mark_released()
+                self.frees += 1
         if failed is not None:
             raise failed
 
@@ -274,6 +278,7 @@ class Session:
             raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
         finalizer = self.finalizers.get(buffer.ident)
         buffer._mark_released()
+        self.frees += 1
         if finalizer is not None:
             finalizer()
 

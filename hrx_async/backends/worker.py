@@ -119,8 +119,8 @@ class WorkerQueue:
         self.name = name
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._origin = threading.current_thread()
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
+        self._worker = threading.Thread(target=self._work, name=name, daemon=True)
+        self._worker.start()
 
     def submit(self, program: Runnable, waits: Sequence[Any], preflight: Preflight) -> ThreadFence:
         fence = ThreadFence()
@@ -129,8 +129,8 @@ class WorkerQueue:
 
     def close(self) -> None:
         self._items.put(_STOP)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout=10)
 
     def _work(self) -> None:
         _this_worker.origin = self._origin

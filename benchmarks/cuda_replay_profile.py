@@ -1,0 +1,79 @@
+"""Where a replay's time goes on the loop thread: cProfile over awaited CUDA replays.
+
+Two workloads on the runtime's own graphs: `window8`, the upload -> kernel -> download
+graph of cuda_pipeline.py kept 8 replays deep (await the oldest before submitting the
+next), and `one_node`, a 4 KiB fill awaited one replay at a time. Each is run once
+unprofiled (µs per replay) and once under cProfile; the report gives Python calls per
+replay and the functions by their own time. On a compiled build, compiled functions
+do not appear on their own: their time is counted in the interpreted function that
+called them (`Scheduler.submit` holds admission, the awaiting coroutine the settling).
+
+    python benchmarks/cuda_replay_profile.py [--loop asyncio|trio] [--replays 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import anyio
+from cuda_common import mix_replay
+
+import hrx_async as hrx
+
+
+async def main(args: argparse.Namespace) -> None:
+    n = args.replays
+    async with hrx.Runtime(backend="cuda", npu=None, max_submissions=64) as rt:
+        pipeline, _, _ = mix_replay(rt, 64 << 10, "pipeline")
+        target = rt.allocate(4096, hrx.GPU_LOCAL)
+        graph = rt.graph("one")
+        graph.fill(target.view(), 1)
+        one = graph.prepare()
+
+        async def window8(count: int) -> None:
+            pending: deque[hrx.Completion] = deque()
+            for _ in range(count):
+                if len(pending) >= 8:
+                    await pending.popleft()
+                pending.append(pipeline.submit())
+            while pending:
+                await pending.popleft()
+
+        async def one_node(count: int) -> None:
+            for _ in range(count):
+                await one.submit()
+
+        workloads: dict[str, Callable[[int], Awaitable[None]]] = {
+            "window8": window8,
+            "one_node": one_node,
+        }
+        for name, workload in workloads.items():
+            await workload(500)
+            started = time.perf_counter()
+            await workload(n)
+            plain_us = (time.perf_counter() - started) / n * 1e6
+            profile = cProfile.Profile()
+            profile.enable()
+            await workload(n)
+            profile.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profile, stream=text)
+            calls = stats.total_calls / n  # type: ignore[attr-defined]
+            print(f"== {name}: {plain_us:.1f} us/replay unprofiled; calls/replay {calls:.1f}")
+            stats.sort_stats("tottime").print_stats(args.top)
+            print("\n".join(text.getvalue().splitlines()[: args.top + 25]))
+
+
+if __name__ == "__main__":
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
+    options.add_argument("--replays", type=int, default=3000)
+    options.add_argument("--top", type=int, default=45, help="functions listed")
+    parsed = options.parse_args()
+    anyio.run(main, parsed, backend=parsed.loop)

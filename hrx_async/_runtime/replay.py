@@ -1,0 +1,94 @@
+"""What every replay of one prepared graph needs, worked out once when it is prepared.
+
+`PreparedGraph` is what users hold; admission reads this record instead. It is a compiled
+class (see `_build.COMPILED`), so each of its fields is a direct read for the compiled
+scheduler, where an attribute of the interpreted `PreparedGraph` is a dictionary-style
+lookup, and a replay reads a dozen of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._core.graph import GraphPlan, RegionPlan
+from .._core.intervals import Interval, read_before_written, written_whole
+
+if TYPE_CHECKING:
+    from .._core.lane import Lane
+    from .._core.memory import Buffer
+
+ByteAccess = tuple[int, int, int, bool]
+"""(buffer ident, start, end, writes)"""
+ReplayStep = tuple[
+    RegionPlan,
+    Any,
+    object,
+    "tuple[Lane, int]",
+    tuple[ByteAccess, ...],
+    "tuple[Buffer, ...]",
+    tuple[Interval, ...],
+    tuple[tuple[int, int, int], ...],
+    float,
+]
+"""Per region, what admission needs (see `ReplayPlan.steps`)."""
+
+
+class ReplayPlan:
+    """The admission side of one prepared graph: its regions' steps, the buffers to check,
+    and what replays learn (durations, queues)."""
+
+    def __init__(
+        self,
+        plan: GraphPlan,
+        programs: tuple[Any, ...],
+        providers: tuple[object, ...],
+        mappings: Any,
+        session: Any,
+    ) -> None:
+        self.plan = plan
+        self.label = plan.label
+        self.buffers: tuple[Buffer, ...] = plan.buffers
+        self.mappings = mappings
+        """The session's host mappings (`ports.MappingBook`): a replay checks them while any
+        is live."""
+        self.session = session
+        """The session it submits through: its `frees` tells when a buffer was freed."""
+        self.frees_seen = -1
+        """The session's `frees` when every buffer was last seen alive: until another is
+        freed, a replay need not look at each again."""
+        self.estimates = [0.0] * len(programs)
+        """Smoothed observed duration of each region, seconds: how long to watch its queue."""
+        self.queues: list[Any] = [None] * len(programs)
+        """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
+        coherent = tuple(getattr(program, "coherent_reads", ()) for program in programs)
+        regions = plan.regions
+        self.steps: tuple[ReplayStep, ...] = tuple(
+            (
+                region,
+                program,
+                provider,
+                region.queue_key,
+                tuple((i.buffer.ident, i.start, i.end, False) for i in region.reads)
+                + tuple((i.buffer.ident, i.start, i.end, True) for i in region.writes),
+                written_whole(plan, region),
+                read_before_written([plan.nodes[i] for i in region.nodes]),
+                coherent[region.index],
+                float(getattr(provider, "poll_budget_us", 0.0)),
+            )
+            for region, program, provider in zip(regions, programs, providers, strict=True)
+        )
+        """Per region, what admission needs: its plan, program, provider, queue key,
+        byte-range accesses (reads first) as (buffer ident, start, end, writes), the
+        buffers it writes whole (running it clears their poison), the bytes it reads
+        before writing them itself (poisoned, they refuse it), its program's coherent reads
+        (the byte ranges it syncs unless earlier regions of its lane wrote them last, see
+        `RegionRun.program_for_writers`) and its provider's poll budget (µs; above 0 for a
+        watched device stream)."""
+        self.first_on_stream = self.steps[0][8] > 0
+        """Its first region goes to a watched queue (a device stream): it may launch before
+        the bookkeeping of its submission (`Scheduler.submit`)."""
+        self.input_reads: tuple[Interval, ...] = read_before_written(plan.nodes)
+        """The bytes the graph reads before writing them itself: poisoned, they refuse it."""
+        self.inputs: tuple[Buffer, ...] = tuple(
+            {i.buffer.ident: i.buffer for i in self.input_reads}.values()
+        )
