@@ -189,16 +189,9 @@ def serve(variant: str, args: argparse.Namespace) -> None:
     elif variant == "event_poll":
         app = event_poll_app(example, args.model, args.size, args.max_side, args.streams)
     else:
+        options = {"slots": args.slots, "batch": args.batch, "max_side": args.max_side}
         pictures = [] if args.no_prepare else [args.picture]
-        app = example.create_app(
-            args.backend,
-            args.model,
-            args.size,
-            args.slots,
-            args.batch,
-            args.max_side,
-            pictures=pictures,
-        )
+        app = example.create_app(args.backend, args.model, args.size, pictures=pictures, **options)
     profile_to = f"{args.profile_loop}/{variant}.txt" if args.profile_loop else None
     add_lag_meter(app, args.gc_freeze, profile_to)
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
