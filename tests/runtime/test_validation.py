@@ -1008,3 +1008,31 @@ async def test_another_runtime_with_the_same_label_is_named_apart() -> None:
     ):
         with pytest.raises(ContractError, match=r"another runtime \(b\); this one is a$"):
             rt.graph("g").fill(other.allocate(64, HOST_VISIBLE).view(), 0)
+
+
+@pytest.mark.anyio
+async def test_a_graph_replayed_before_its_buffer_is_freed_is_refused_after() -> None:
+    """Replays look at their buffers again only once some buffer was freed: a graph that
+    replayed many times must still be refused the moment one of its buffers goes."""
+    async with hrx.Runtime(backend="sim", npu=None) as rt:
+        kept = rt.allocate(64, HOST_VISIBLE)
+        target = rt.allocate(64, HOST_VISIBLE)
+        graph = rt.graph("replayed")
+        graph.fill(kept.view(), 1)
+        graph.fill(target.view(), 2)
+        prepared = graph.prepare()
+        for _ in range(3):
+            await prepared.submit()
+        rt.allocate(16, HOST_VISIBLE).free()  # some other buffer: replays go on
+        await prepared.submit()
+        submissions = rt.statistics().submissions
+        target.free()
+        for _ in range(2):  # refused every time, not only on the first look
+            with pytest.raises(ContractError, match="was freed"):
+                prepared.submit()
+        assert rt.statistics().submissions == submissions  # nothing admitted
+        other = rt.graph("other")
+        other.fill(kept.view(), 3)
+        await other.prepare().submit()  # a graph over live buffers only still runs
+        async with kept.map_read() as memory:
+            assert bytes(memory) == b"\x03" * 64
