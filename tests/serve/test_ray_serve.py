@@ -281,7 +281,14 @@ def test_a_replica_killed_mid_load_costs_no_wrong_answer(cluster: Cluster) -> No
     assert not tally.wrong, tally.wrong
     assert not tally.gave_up, (tally.gave_up, tally.outcomes)
     failures = {k: v for k, v in tally.outcomes.items() if k != "200"}
-    assert all(k in {str(s) for s in RETRYABLE} or k.endswith("Error") for k in failures), failures
+    # Besides the proxy's error answers, the transport's own failures (httpx's ReadError,
+    # RemoteProtocolError, ...; ReadTimeout when the proxy held a request of the killed
+    # replica past the client's timeout, seen once): each was retried,
+    # and none may have ended in a wrong answer or a give-up (checked above).
+    transport = ("Error", "Timeout")
+    assert all(k in {str(s) for s in RETRYABLE} or k.endswith(transport) for k in failures), (
+        failures
+    )
 
     # Whole again: a burst with no retries is answered right, all of it.
     settled = Tally()
