@@ -38,7 +38,7 @@ class PreparedGraph:
         self.programs = programs
         self.providers = providers
         self.buffers = plan.buffers
-        self.replay = ReplayPlan(plan, programs, providers, session.mappings, session)
+        self.replay = ReplayPlan(plan, programs, providers, session)
         """What admission needs of each replay, worked out now."""
 
     @property

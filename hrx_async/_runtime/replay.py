@@ -42,17 +42,17 @@ class ReplayPlan:
         plan: GraphPlan,
         programs: tuple[Any, ...],
         providers: tuple[object, ...],
-        mappings: Any,
         session: Any,
     ) -> None:
         self.plan = plan
         self.label = plan.label
         self.buffers: tuple[Buffer, ...] = plan.buffers
-        self.mappings = mappings
+        self.session = session
+        """The session it submits through (`ports.Submitter`): its `frees` tells when a
+        buffer was freed."""
+        self.mappings = session.mappings
         """The session's host mappings (`ports.MappingBook`): a replay checks them while any
         is live."""
-        self.session = session
-        """The session it submits through: its `frees` tells when a buffer was freed."""
         self.frees_seen = -1
         """The session's `frees` when every buffer was last seen alive: until another is
         freed, a replay need not look at each again."""
