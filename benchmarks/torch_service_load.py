@@ -1,7 +1,8 @@
 """Load test: a PyTorch classifier served three ways, as users write it today and with hrx_async.
 
 Every server does the same pipeline for a picture sent as raw u8 HWC pixels (POST
-/v1/classify with X-Image-Shape): decode -> resize to `--size` (bilinear, half-pixel,
+/v1/classify with X-Image-Shape) or, with `--encoding jpeg|png`, as a file that each server
+decodes with Pillow on a worker thread: decode -> resize to `--size` (bilinear, half-pixel,
 rounded to u8 levels) -> normalize (ImageNet mean/std) -> torchvision classifier (random
 weights from the example's seed, eval mode) -> softmax, top-5 -> the 5 classes and scores
 back on the host, answered as JSON:
@@ -80,10 +81,58 @@ READY_TIMEOUT_S = 180.0
 """Import PyTorch, open CUDA, build and warm the model: a server may take this long."""
 
 
-def picture_of(shape: tuple[int, int], seed: int) -> np.ndarray[Any, Any]:
-    """The benchmark's picture: random u8 RGB pixels of `shape` (height, width)."""
+ENCODINGS = {"raw": "application/octet-stream", "jpeg": "image/jpeg", "png": "image/png"}
+"""How a request carries its picture (`--encoding`), and the content type it says so with."""
+FORMATS = {"jpeg": "JPEG", "png": "PNG"}
+
+
+def picture_of(shape: tuple[int, int], seed: int, encoding: str = "raw") -> np.ndarray[Any, Any]:
+    """The benchmark's picture, u8 RGB pixels of `shape` (height, width): random for raw
+    pixels (their size does not depend on them); for a file, a smooth scene with a little
+    grain, which compresses as photographs do (noise would not)."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    if encoding == "raw":
+        return rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    y, x = np.mgrid[0 : shape[0], 0 : shape[1]] / max(shape)
+    channels = []
+    for _ in range(3):
+        fx, fy, phase = rng.uniform(1, 6, 3)
+        channels.append(np.sin(2 * np.pi * (fx * x + fy * y) + phase))
+    scene = (np.stack(channels, -1) * 0.5 + 0.5) * 235 + rng.normal(0, 4, (*shape, 3))
+    return np.clip(scene, 0, 255).astype(np.uint8)
+
+
+def body_of(picture: np.ndarray[Any, Any], encoding: str) -> bytes:
+    """The request body carrying `picture`."""
+    if encoding == "raw":
+        return picture.tobytes()
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    options = {"quality": 90} if encoding == "jpeg" else {}
+    Image.fromarray(picture).save(out, FORMATS[encoding], **options)
+    return out.getvalue()
+
+
+def request_headers(shape: tuple[int, int], encoding: str) -> dict[str, str]:
+    headers = {"Content-Type": ENCODINGS[encoding]}
+    if encoding == "raw":
+        headers["X-Image-Shape"] = f"{shape[0]},{shape[1]},3"
+    return headers
+
+
+def baseline_pictures(
+    example: ModuleType, body: bytes, headers: Any, max_side: int
+) -> np.ndarray[Any, Any]:
+    """A baseline server's pictures from its request (a worker thread runs this for files)."""
+    kind = headers.get("content-type", ENCODINGS["raw"]).split(";")[0].strip().lower()
+    for encoding, content_type in ENCODINGS.items():
+        if kind == content_type and encoding != "raw":
+            pictures: np.ndarray[Any, Any] = example.decode_file(body, FORMATS[encoding], max_side)
+            return pictures
+    return raw_pixels(body, headers.get("x-image-shape"), None, max_side, 16)
 
 
 # -- servers --------------------------------------------------------------------------------
@@ -96,13 +145,13 @@ def threads_app(
     eagerly: PyTorch's default stream, a blocking copy in, `.cpu()` out. Answers are made
     as the runtime's are (a JSONResponse), so only the serving path differs."""
     import torch
-    from fastapi import Depends, FastAPI, Header, HTTPException, Request
+    from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi.responses import JSONResponse
 
     model = example.build_model(model_name, device)
     app = FastAPI(title="threads baseline")
 
-    async def body_of(request: Request) -> bytes:
+    async def read_body(request: Request) -> bytes:
         return await request.body()
 
     @app.get("/healthz")
@@ -110,12 +159,9 @@ def threads_app(
         return {"ok": True}
 
     @app.post("/v1/classify")
-    def classify(
-        body: Annotated[bytes, Depends(body_of)],
-        x_image_shape: Annotated[str | None, Header()] = None,
-    ) -> JSONResponse:
+    def classify(request: Request, body: Annotated[bytes, Depends(read_body)]) -> JSONResponse:
         try:
-            pictures = raw_pixels(body, x_image_shape, None, max_side, 16)
+            pictures = baseline_pictures(example, body, request.headers, max_side)
         except RequestRefused as exc:
             raise HTTPException(exc.status, exc.detail) from None
         with torch.inference_mode():
@@ -153,7 +199,12 @@ def event_poll_app(
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
         try:
-            pictures = raw_pixels(body, request.headers.get("x-image-shape"), None, max_side, 16)
+            if request.headers.get("content-type", "").startswith("image/"):
+                pictures = await asyncio.to_thread(
+                    baseline_pictures, example, body, request.headers, max_side
+                )
+            else:
+                pictures = baseline_pictures(example, body, request.headers, max_side)
         except RequestRefused as exc:
             raise HTTPException(exc.status, exc.detail) from None
         n = len(pictures)
@@ -210,15 +261,21 @@ def serve(variant: str, args: argparse.Namespace) -> None:
 
 
 async def load(
-    port: int, clients: int, seconds: float, shape: tuple[int, int], seed: int, expect: str
+    port: int,
+    clients: int,
+    seconds: float,
+    shape: tuple[int, int],
+    seed: int,
+    expect: str,
+    encoding: str,
 ) -> dict[str, Any]:
     """Requests back to back from `clients` keep-alive connections for `seconds`. Each
     answer must be 200 (else an error); one naming other classes than `expect` (JSON) is
     counted, not refused: a GPU may order near ties differently in another batch size."""
-    body = picture_of(shape, seed).tobytes()
+    body = body_of(picture_of(shape, seed, encoding), encoding)
+    fields = "".join(f"{k}: {v}\r\n" for k, v in request_headers(shape, encoding).items())
     head = (
-        "POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/octet-stream\r\nX-Image-Shape: {shape[0]},{shape[1]},3\r\n"
+        f"POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\n{fields}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     request = head + body
@@ -304,10 +361,13 @@ def start_servers(variants: Sequence[str], args: argparse.Namespace) -> dict[str
     return servers
 
 
-def request(port: int, path: str, data: bytes | None = None, shape: str = "") -> Any:
+def request(
+    port: int, path: str, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> Any:
     method = "GET" if data is None else "POST"
-    headers = {"Content-Type": "application/octet-stream", "X-Image-Shape": shape} if shape else {}
-    call = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, headers, method=method)
+    call = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data, headers or {}, method=method
+    )
     with urllib.request.urlopen(call, timeout=60) as response:
         return json.loads(response.read())
 
@@ -318,15 +378,18 @@ def check(servers: dict[str, Any], args: argparse.Namespace, example: ModuleType
     it gives. GPU convolutions (TF32 by default in PyTorch) allow a 5% difference."""
     import torch
 
-    picture = picture_of(args.picture, args.seed)
+    picture = picture_of(args.picture, args.seed, args.encoding)
+    body = body_of(picture, args.encoding)
+    if args.encoding != "raw":  # what every server decodes
+        picture = example.decode_file(body, FORMATS[args.encoding], args.max_side)[0]
     model = example.build_model(args.model, "cpu")
     x = torch.from_numpy(example.reference_preprocess(picture[None], args.size))
     with torch.inference_mode():
         probabilities = torch.softmax(model(x), 1)[0].numpy()
     answers: dict[str, Any] = {}
-    shape = f"{args.picture[0]},{args.picture[1]},3"
+    headers = request_headers(args.picture, args.encoding)
     for variant, (_, port) in servers.items():
-        answer = request(port, "/v1/classify", picture.tobytes(), shape)
+        answer = request(port, "/v1/classify", body, headers)
         classes, scores = answer["classes"][0], answer["scores"][0]
         if not np.allclose(scores, probabilities[classes], rtol=0.05, atol=1e-3):
             raise RuntimeError(
@@ -347,6 +410,7 @@ def phase(
     command = [sys.executable, __file__, "load", str(port), "--clients", str(clients)]
     command += ["--seconds", str(seconds), "--picture", "x".join(map(str, args.picture))]
     command += ["--seed", str(args.seed), "--expect", json.dumps(expect)]
+    command += ["--encoding", args.encoding]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(out.stdout)
     result["lag"] = request(port, "/lag/stop", b"")
@@ -402,6 +466,7 @@ def summary(
         "model": args.model,
         "size": args.size,
         "picture": "x".join(map(str, args.picture)),
+        "encoding": args.encoding,
         "requests_per_s": round(median([r["rps"] for r in rows]), 1),
         "p50_ms": round(median([r["p50_ms"] for r in rows]), 3),
         "p99_ms": round(median([r["p99_ms"] for r in rows]), 3),
@@ -445,7 +510,9 @@ def run(args: argparse.Namespace, example: ModuleType) -> None:
             "skipped on sim; the runtime runs the model with CPU PyTorch"
         )
     print(
-        f"pipeline: {args.picture[0]}x{args.picture[1]} u8 picture -> {args.size}x{args.size} "
+        f"pipeline: {args.picture[0]}x{args.picture[1]} picture ({args.encoding}, "
+        f"{len(body_of(picture_of(args.picture, args.seed, args.encoding), args.encoding))} "
+        f"bytes) -> {args.size}x{args.size} "
         f"-> {args.model} -> top-5; runtime: {args.slots} slots, batches of up to "
         f"{args.batch}; event_poll: {args.streams} streams; {args.seconds} s per phase, "
         f"{args.rounds} rounds",
@@ -534,6 +601,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         command.add_argument("--seconds", type=float, default=3.0, help="per phase")
         command.add_argument("--picture", type=picture_shape, default=(480, 640))
         command.add_argument("--seed", type=int, default=1, help="of the random picture")
+        command.add_argument(
+            "--encoding",
+            choices=tuple(ENCODINGS),
+            default="raw",
+            help="how requests carry the picture: raw u8 pixels, or a JPEG or PNG file",
+        )
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=2, help="phases per server and clients")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up load")
@@ -543,7 +616,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve(args.variant, args)
     elif args.command == "load":
         result = asyncio.run(
-            load(args.port, args.clients, args.seconds, args.picture, args.seed, args.expect)
+            load(
+                args.port,
+                args.clients,
+                args.seconds,
+                args.picture,
+                args.seed,
+                args.expect,
+                args.encoding,
+            )
         )
         print(json.dumps(result))
     else:

@@ -6,7 +6,8 @@ like any kernel. On CUDA, `fn` runs inside `torch.cuda.stream(torch.cuda.Externa
 for the lane's stream `s`, over CUDA tensors made once when the graph is prepared; on `sim`,
 over CPU tensors sharing the runtime's memory, so one graph runs everywhere.
 `captured=True` records the work once into a `torch.cuda.CUDAGraph` when the graph is
-prepared, so each replay is one `graph.replay()` on the lane's stream.
+prepared, so each replay is one launch on the lane's stream (PyTorch's `graph.replay()` for
+work that draws random numbers, else a native launch of the same graph).
 
 Importing this module imports PyTorch; without it, `BackendUnavailable` says what to
 install. `import hrx_async` never imports PyTorch.

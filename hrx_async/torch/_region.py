@@ -5,14 +5,15 @@ with `(None, uint8 numpy arrays)` and it runs the user's function over CPU tenso
 from those arrays. On a stream backend its `prepare` hook is called once per prepared
 graph with the lane's stream handle and the runtime's `ExternalTensor`s; it makes the
 typed CUDA tensors and the `torch.cuda.ExternalStream` once, and returns what each replay
-calls: the user's function inside that stream (eager), or one `CUDAGraph.replay()` of the
-work captured there and then (captured).
+calls: the user's function inside that stream (eager), or one launch of the work captured
+there and then (captured, `CapturedReplay`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,7 +25,7 @@ from .._core.dlpack import DLPACK_CUDA, DLPACK_ROCM
 from .._core.graph import Graph
 from .._core.ops import enqueued_only
 from .._core.typed import TypedView, check_region_call, typed_views
-from ..errors import ContractError, HrxError
+from ..errors import BackendError, ContractError, HrxError
 
 WHO = "torch region"
 
@@ -66,10 +67,16 @@ def region(
     prepared: `fn` runs once on zero-filled scratch tensors of the same dtypes and shapes
     (a warm-up that initialises libraries such as cuBLAS; nothing orders work on the
     region's own memory at that time), then is captured over the region's tensors into a
-    `torch.cuda.CUDAGraph` with its own memory pool, on a side stream; each replay is one
-    `graph.replay()` on the lane's stream. A warm-up or capture that fails makes `prepare()`
-    raise `ContractError` (PyTorch's allocator may keep the memory pool of a capture that
-    failed, as after any failed `torch.cuda.graph`: fix the function, do not retry).
+    `torch.cuda.CUDAGraph` with its own memory pool, on a side stream. The first replay is
+    `graph.replay()` on the lane's stream; when it leaves PyTorch's default CUDA generator
+    where it was (the work draws no random numbers, so there is no generator state for
+    PyTorch's replay to advance), every later replay is one `cudaGraphLaunch` of the same
+    captured graph onto the lane's stream, with no PyTorch call in between (on CUDA builds
+    of PyTorch with `keep_graph` support and cuda-bindings installed; otherwise, and for work
+    that draws random numbers, every replay is `graph.replay()`). A warm-up or capture that
+    fails makes `prepare()` raise `ContractError` (PyTorch's allocator may keep the memory
+    pool of a capture that failed, as after any failed `torch.cuda.graph`: fix the function,
+    do not retry).
 
     On `sim`, `fn` runs on the compute lane's worker thread over CPU tensors sharing the
     runtime's memory (`torch.from_numpy`), the captured form eagerly, so the same graph
@@ -183,7 +190,7 @@ def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> R
             scratch = [torch.zeros_like(tensor) for tensor in typed]
             enqueued_only(fn, fn(*scratch))
             stage = "capturing it into a CUDA graph"
-            graph = torch.cuda.CUDAGraph()
+            graph, kept = _new_cuda_graph()
             # Thread-local, as the runtime's own captures are: in the global mode a call CUDA
             # counts as potentially unsafe during a capture fails in every thread, and the
             # runtime's waiter threads keep calling into CUDA meanwhile.
@@ -196,16 +203,108 @@ def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> R
                     graph.capture_end()
                 raise
             graph.capture_end()
+            stage = "instantiating its CUDA graph"
+            native = None
+            if kept:
+                graph.instantiate()  # PyTorch's own, for the replays that go through it
+                native = _native_launch(graph)
     except HrxError:
         raise
     except Exception as exc:
         raise ContractError(f"{work!r}: {stage} failed: {exc}") from exc
+    generator = torch.cuda.default_generators[device.index]
+    if not hasattr(generator, "get_offset"):
+        native = None
+    return CapturedReplay(graph, on_lane, native, generator)
 
-    def replay(stream: Any, tensors: Any) -> None:
-        with on_lane:
-            graph.replay()
 
-    return replay
+class CapturedReplay:
+    """Each replay of a captured region (see `region`): PyTorch's `CUDAGraph.replay()` in the
+    lane stream's context at first, then the native launch where the first replay showed it
+    does the same.
+
+    `CUDAGraph.replay()` advances the RNG state of the generators the capture used, then
+    launches the graph on the current stream. Work that draws no random numbers leaves the
+    generator's offset where it was, and then a bare launch of the graph is all a replay
+    is: about 5 µs less of PyTorch's Python and C++ per replay."""
+
+    __slots__ = ("_generator", "_graph", "_native", "_on_lane", "launch")
+
+    def __init__(
+        self,
+        graph: Any,
+        on_lane: Any,
+        native: Callable[[int], None] | None,
+        generator: Any,
+    ) -> None:
+        self._graph = graph  # keeps the capture's memory pool, which the native launch uses
+        self._on_lane = on_lane
+        self._native = native
+        self._generator = generator
+        self.launch: Callable[[int], None] = self._first if native is not None else self._torch
+        """What the next replay runs, given the lane's raw stream handle."""
+
+    @property
+    def native(self) -> bool:
+        """Whether replays are the bare native launch now."""
+        return self.launch is self._native
+
+    def __call__(self, stream: int, tensors: Any) -> None:
+        self.launch(stream)
+
+    def _torch(self, stream: int) -> None:
+        with self._on_lane:
+            self._graph.replay()
+
+    def _first(self, stream: int) -> None:
+        before = self._generator.get_offset()
+        self._torch(stream)
+        native = self._native
+        self.launch = (
+            native if native is not None and self._generator.get_offset() == before else self._torch
+        )
+
+
+def _new_cuda_graph() -> tuple[Any, bool]:
+    """A `torch.cuda.CUDAGraph` that keeps its captured graph where PyTorch can (2.8 and
+    later: `keep_graph`), so it can be launched natively too; and whether it does."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True), True
+    except TypeError:
+        return torch.cuda.CUDAGraph(), False
+
+
+def _native_launch(graph: Any) -> Callable[[int], None] | None:
+    """A function launching the captured `graph` on a raw CUDA stream handle: an executable
+    graph of our own, made from PyTorch's captured one, launched through cuda-bindings.
+    None when that cannot be done here: a ROCm build of PyTorch, or no cuda-bindings (then
+    PyTorch's own replay is used)."""
+    raw_graph = getattr(graph, "raw_cuda_graph", None)
+    if torch.version.hip is not None or torch.version.cuda is None or raw_graph is None:
+        return None
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        return None
+    handle = int(raw_graph())
+    if not handle:
+        return None
+    status, graph_exec = cudart.cudaGraphInstantiate(cudart.cudaGraph_t(init_value=handle), 0)
+    if status:
+        raise BackendError("cuda", "cudaGraphInstantiate", status.name)
+    weakref.finalize(graph, cudart.cudaGraphExecDestroy, graph_exec)
+    streams: dict[int, Any] = {}
+    launch_graph = cudart.cudaGraphLaunch
+
+    def launch(stream: int) -> None:
+        lane = streams.get(stream)
+        if lane is None:
+            lane = streams[stream] = cudart.cudaStream_t(init_value=stream)
+        status = launch_graph(graph_exec, lane)[0]
+        if status:
+            raise BackendError("cuda", "cudaGraphLaunch", status.name)
+
+    return launch
 
 
 def _device(tensors: list[Any]) -> Any:

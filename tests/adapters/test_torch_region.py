@@ -2,7 +2,7 @@
 
 On `sim` (CPU PyTorch over the runtime's memory) and, marked `cuda`, on a GPU through the
 `hrx_backend` fixture: results, order with the hrx copies and kernels around a region,
-failures and poison, and the captured form (one `CUDAGraph.replay()` per replay). Skipped
+failures and poison, and the captured form (one launch per replay). Skipped
 where PyTorch is missing; what needs no PyTorch is in test_adapter_imports.py and
 tests/core/test_typed.py.
 """
@@ -266,12 +266,13 @@ def cuda_torch() -> None:
 
 
 @pytest.mark.cuda
-async def test_a_captured_region_replays_its_cuda_graph_once_per_replay(
+async def test_a_captured_region_launches_its_cuda_graph_once_per_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`fn` runs twice when the graph is prepared (a warm-up on zeroed scratch tensors, then
-    the capture over the region's own) and never again; each replay is one
-    `CUDAGraph.replay()`, on the lane's stream, reading the memory as it is then."""
+    the capture over the region's own) and never again; the first replay is one
+    `CUDAGraph.replay()` on the lane's stream, and as the work draws no random numbers every
+    later one is a native launch of the same graph, reading the memory as it is then."""
     cuda_torch()
     replays: list[Any] = []
     original = torch.cuda.CUDAGraph.replay
@@ -310,13 +311,52 @@ async def test_a_captured_region_replays_its_cuda_graph_once_per_replay(
         assert scratch != own and zeroed and not warm_capturing  # the warm-up
         assert own == prepared.programs[1].tensors[0].pointer and capturing  # the capture
         default = torch.cuda.current_stream().cuda_stream
+        work = prepared.programs[1].fn
+        assert not work.native
         for replay in range(5):
             await write_bytes(host, floats(np.full(n, replay, F32)))
             await prepared.submit()
             np.testing.assert_array_equal(await read_floats(rt, host), np.full(n, replay + 1))
-        assert len(calls) == 2 and len(replays) == 5
-        assert len(set(replays)) == 1 and replays[0] != default
+        assert len(calls) == 2 and len(replays) == 1 and work.native
+        assert replays[0] != default
         assert torch.cuda.current_stream().cuda_stream == default  # restored after each
+
+
+@pytest.mark.cuda
+async def test_a_captured_region_that_draws_random_numbers_draws_new_ones_each_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyTorch's replay advances the generator the capture used; a bare launch would not, and
+    every replay would repeat the first one's numbers. Such a region keeps PyTorch's replay."""
+    cuda_torch()
+    replays: list[int] = []
+    original = torch.cuda.CUDAGraph.replay
+
+    def counting(self: Any) -> None:
+        replays.append(1)
+        original(self)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counting)
+    n = 1 << 12
+    async with hrx.Runtime(backend="cuda", npu=None) as rt:
+        host = rt.allocate(n * 4, hrx.HOST_VISIBLE)
+        y = rt.allocate(n * 4, hrx.GPU_LOCAL)
+
+        def draw(target: Any) -> None:
+            target.uniform_()
+
+        graph = rt.graph("captured-random")
+        hrx_torch.region(graph, draw, writes=[(y.view(), torch.float32)], captured=True)
+        graph.copy(host.view(), y.view())
+        prepared = graph.prepare()
+        draws = []
+        for _ in range(3):
+            await prepared.submit()
+            draws.append(await read_floats(rt, host))
+        assert not prepared.programs[0].fn.native and len(replays) == 3
+        for earlier, later in ((0, 1), (1, 2), (0, 2)):
+            assert not np.array_equal(draws[earlier], draws[later])
+        assert all(((d >= 0) & (d <= 1)).all() for d in draws)
 
 
 @pytest.mark.cuda
