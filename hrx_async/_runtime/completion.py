@@ -91,6 +91,18 @@ async def _park_trio_task(waiters: list[Any]) -> None:
     await lowlevel.wait_task_rescheduled(abort)
 
 
+class _DoneWait:
+    """What `Completion.wait_done` awaits: the completion's wait, without its error."""
+
+    __slots__ = ("completion",)
+
+    def __init__(self, completion: Completion) -> None:
+        self.completion = completion
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self.completion._wait()
+
+
 YIELD_EVERY = 8
 """How many awaits in a row of completions already done (or finished by their own sweep)
 return without yielding to the loop."""
@@ -290,6 +302,18 @@ class Completion:
         asyncio and more on trio.) On trio every await is still a cancel point: a cancelled
         caller gets `Cancelled` there, as from any of trio's own awaits.
         """
+        await _DoneWait(self)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from self._wait()
+        if self._error is not None:
+            raise self._error
+
+    def _wait(self) -> Generator[Any, None, None]:
+        """`wait_done` as a generator, so that awaiting a completion runs it with no coroutine
+        object in between. On asyncio its checkpoint is a bare `yield`, which is what
+        `asyncio.sleep(0)` yields (a task whose coroutine yields None steps again in the next
+        loop iteration), without the two calls and the coroutine that one makes."""
         global _finished_without_yield
         loop = self._loop
         if loop is not None and self.finished_at is not None:
@@ -300,13 +324,13 @@ class Completion:
             if _finished_without_yield < YIELD_EVERY:
                 _finished_without_yield += 1
                 if loop is None:
-                    await trio_lowlevel().checkpoint_if_cancelled()
+                    yield from trio_lowlevel().checkpoint_if_cancelled().__await__()
                 return
             _finished_without_yield = 0
             if loop is not None:
-                await asyncio.sleep(0)  # a third cheaper than anyio's checkpoint
+                yield  # asyncio.sleep(0)
             else:
-                await trio_checkpoint()()
+                yield from trio_checkpoint()().__await__()
             return
         _finished_without_yield = 0
         if lead:
@@ -317,9 +341,9 @@ class Completion:
             try:
                 while True:
                     if checkpoint is None:
-                        await asyncio.sleep(0)
+                        yield  # asyncio.sleep(0)
                     else:
-                        await checkpoint()
+                        yield from checkpoint().__await__()
                     # (`done()`, not the attribute: it changed across the await.)
                     if not source.sweep_again() or self.done():
                         break
@@ -333,16 +357,11 @@ class Completion:
                 self._futures = [future]
             else:
                 self._futures.append(future)
-            await future
+            yield from future.__await__()
         else:
             if self._tasks is None:
                 self._tasks = []
-            await _park_trio_task(self._tasks)
-
-    def __await__(self) -> Generator[Any, None, None]:
-        yield from self.wait_done().__await__()
-        if self._error is not None:
-            raise self._error
+            yield from _park_trio_task(self._tasks).__await__()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-loop) thread until finished; False on timeout, changing nothing.

@@ -310,8 +310,7 @@ class Scheduler(Outcomes):
         device's work instead of delaying it. None when the region does not qualify.
         """
         step = replay.steps[0]
-        program, provider, key, accesses = step[1:5]
-        budget_us = step[8]
+        program, provider, key, accesses, budget_us = step[1], step[2], step[3], step[4], step[8]
         lane = self.lanes.get(key)
         if lane is None or lane.items or lane.current is not None:
             return None

@@ -32,6 +32,7 @@ class StreamFence:
     """An event recorded after a program on one stream; finished by its `StreamFences`."""
 
     __slots__ = (
+        "_callback",
         "_callbacks",
         "_done",
         "_error",
@@ -49,7 +50,10 @@ class StreamFence:
         self.sequence = 0
         """Its place in its stream's issue order (set by `StreamFences.add`)."""
         self._event = event
+        self._callback: Callable[[Any], None] | None = None
+        """The first callback (a fence usually has one: its region's), run once finished."""
         self._callbacks: list[Callable[[Any], None]] | None = None
+        """Any further ones, in the order they were added."""
         self._done = False
         self._error: BaseException | None = None
         self._thread_event: threading.Event | None = None
@@ -96,24 +100,24 @@ class StreamFence:
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         with self._track.lock:
             if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
+                if self._callback is None:
+                    self._callback = callback
+                elif self._callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)
                 return
         callback(self)
 
-    def _mark(
-        self, error: BaseException | None, started_at: float, now: float
-    ) -> list[Callable[[Any], None]] | None:
-        """Finish under the track's lock; returns the callbacks to run outside it."""
+    def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
+        """Finish under the track's lock; whoever marked it then runs its callbacks outside
+        the lock (`_run_callbacks`): none can be added once it is done."""
         self._error = error
         self.started_at = started_at
         self.finished_at = now
         self._done = True
-        callbacks, self._callbacks = self._callbacks, None
         if self._thread_event is not None:
             self._thread_event.set()
-        return callbacks
 
 
 def finished_fence(refusal: BaseException) -> ThreadFence:
@@ -210,6 +214,8 @@ class StreamFences:
             return 0, False
         with self.lock:
             finished = self._collect(None, None, limit)
+        if finished is None:
+            return 0, bool(self.pending)
         self.by_loop += len(finished)
         _run_callbacks(finished)
         return len(finished), bool(self.pending)
@@ -219,22 +225,23 @@ class StreamFences:
         with self.lock:
             if fence._done:
                 return
-            callbacks = fence._mark(error, fence.issued_at, time.perf_counter())
-        _run_callbacks([(fence, callbacks)])
+            fence._mark(error, fence.issued_at, time.perf_counter())
+        _run_fence_callbacks(fence)
 
     def _collect(
         self, head: StreamFence | None, head_error: BaseException | None, limit: int = -1
-    ) -> list[tuple[StreamFence, list[Callable[[Any], None]] | None]]:
+    ) -> list[StreamFence] | None:
         """Under the lock: pop and finish completed fences (`head` is known complete), at
-        most `limit` of them when it is positive."""
-        finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]] = []
+        most `limit` of them when it is positive; those it finished now (None if none: the
+        common answer of a sweep while work runs, which then allocates nothing)."""
+        finished: list[StreamFence] | None = None
         pending = self.pending
         table = self.table
-        now = time.perf_counter()
+        now = 0.0
         while pending and limit:
             limit -= 1
             fence = pending[0]
-            callbacks = None
+            marked = False
             if not fence._done:
                 error: BaseException | None = None
                 if fence is head:
@@ -245,17 +252,23 @@ class StreamFences:
                             break
                     except BackendError as exc:
                         error = exc
+                if not now:
+                    now = time.perf_counter()
                 # A fence cannot start before the previous one on its stream finished.
                 started = max(fence.issued_at, self._last_finished)
-                callbacks = fence._mark(error, started, now)
+                fence._mark(error, started, now)
                 self._last_finished = now
+                marked = True
             pending.popleft()
             if fence is self._waiting_on:
                 self._parked = True
             else:
                 self.pool.give(fence._event)
-            if callbacks:
-                finished.append((fence, callbacks))
+            if marked:
+                if finished is None:
+                    finished = [fence]
+                else:
+                    finished.append(fence)
         return finished
 
     # -- the waiter thread's side --------------------------------------------------------
@@ -266,10 +279,11 @@ class StreamFences:
             if self.watched:
                 return None
             finished = self._collect(None, None)
-            self.by_waiter += len(finished)
             head = self.pending[0] if self.pending else None
             self._waiting_on = head
-        _run_callbacks(finished)
+        if finished is not None:
+            self.by_waiter += len(finished)
+            _run_callbacks(finished)
         return head
 
     def waited(self, head: StreamFence, error: BaseException | None) -> None:
@@ -280,20 +294,31 @@ class StreamFences:
                 self._parked = False
                 self.pool.give(head._event)
             finished = self._collect(head, error)
+        if finished is not None:
             self.by_waiter += len(finished)
-        _run_callbacks(finished)
+            _run_callbacks(finished)
 
     def close(self) -> None:
         self._waiter.close()
 
 
-def _run_callbacks(
-    finished: list[tuple[StreamFence, list[Callable[[Any], None]] | None]],
-) -> None:
-    for fence, callbacks in finished:
-        if callbacks:
-            for callback in callbacks:
-                callback(fence)
+def _run_callbacks(finished: list[StreamFence]) -> None:
+    for fence in finished:
+        _run_fence_callbacks(fence)
+
+
+def _run_fence_callbacks(fence: StreamFence) -> None:
+    """Run a fence's callbacks once, in the order they were added (only its marker calls
+    this, after `_mark`)."""
+    callback = fence._callback
+    if callback is not None:
+        fence._callback = None
+        callback(fence)
+    more = fence._callbacks
+    if more is not None:
+        fence._callbacks = None
+        for callback in more:
+            callback(fence)
 
 
 class FenceWaiter:
