@@ -1,14 +1,22 @@
 """Where a replay's time goes on the loop thread: cProfile over awaited CUDA replays.
 
-Two workloads on the runtime's own graphs: `window8`, the upload -> kernel -> download
+Three workloads on the runtime's own graphs: `window8`, the upload -> kernel -> download
 graph of cuda_pipeline.py kept 8 replays deep (await the oldest before submitting the
-next), and `one_node`, a 4 KiB fill awaited one replay at a time. Each is run once
-unprofiled (µs per replay) and once under cProfile; the report gives Python calls per
-replay and the functions by their own time. On a compiled build, compiled functions
-do not appear on their own: their time is counted in the interpreted function that
-called them (`Scheduler.submit` holds admission, the awaiting coroutine the settling).
+next), `awaited3`, that graph awaited one replay at a time, and `one_node`, a 4 KiB fill
+awaited one replay at a time. Each is run once unprofiled (µs per replay) and once under
+cProfile; the report gives Python calls per replay and the functions by their own time. On
+a compiled build, compiled functions do not appear on their own: their time is counted in
+the interpreted function that called them (`Scheduler.submit` holds admission, the awaiting
+coroutine the settling).
+
+`--sample-seconds S --only NAME` runs one workload unprofiled for S seconds instead, for a
+native sampling profiler outside the process, which does see compiled code and the driver
+(`native_profile_summary.py` reads what py-spy records):
 
     python benchmarks/cuda_replay_profile.py [--loop asyncio|trio] [--replays 3000]
+    py-spy record --native -r 1000 -f raw -o window8.txt -- \
+        python benchmarks/cuda_replay_profile.py --only window8 --sample-seconds 8
+    python benchmarks/native_profile_summary.py window8.txt
 """
 
 from __future__ import annotations
@@ -45,15 +53,31 @@ async def main(args: argparse.Namespace) -> None:
             while pending:
                 await pending.popleft()
 
+        async def awaited3(count: int) -> None:
+            for _ in range(count):
+                await pipeline.submit()
+
         async def one_node(count: int) -> None:
             for _ in range(count):
                 await one.submit()
 
         workloads: dict[str, Callable[[int], Awaitable[None]]] = {
             "window8": window8,
+            "awaited3": awaited3,
             "one_node": one_node,
         }
+        if args.only is not None:
+            workloads = {args.only: workloads[args.only]}
         for name, workload in workloads.items():
+            if args.sample_seconds:
+                await workload(500)
+                replays, started = 0, time.perf_counter()
+                while time.perf_counter() - started < args.sample_seconds:
+                    await workload(1000)
+                    replays += 1000
+                elapsed_us = (time.perf_counter() - started) / replays * 1e6
+                print(f"== {name}: {elapsed_us:.1f} us/replay over {replays} replays")
+                continue
             await workload(500)
             started = time.perf_counter()
             await workload(n)
@@ -75,5 +99,12 @@ if __name__ == "__main__":
     options.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
     options.add_argument("--replays", type=int, default=3000)
     options.add_argument("--top", type=int, default=45, help="functions listed")
+    options.add_argument("--only", choices=("window8", "awaited3", "one_node"), default=None)
+    options.add_argument(
+        "--sample-seconds",
+        type=float,
+        default=0.0,
+        help="run the workloads unprofiled this long each, for an outside sampler",
+    )
     parsed = options.parse_args()
     anyio.run(main, parsed, backend=parsed.loop)

@@ -240,3 +240,31 @@ def test_sim_calls_reports_calls_per_replay_of_each_scenario(loop: str) -> None:
         assert isinstance(report[scenario], float)
         assert report[scenario] > 0
         assert len(report["detail"][scenario]["top"]) == 3
+
+
+def test_native_profile_summary_charges_samples_to_the_deepest_runtime_frame(
+    tmp_path: Path,
+) -> None:
+    loop = "BaseEventLoop._run_once (asyncio/base_events.py:1987)"
+    submit = "CPyDef_scheduler___Scheduler___submit (__native__compiled.c:1)"
+    stacks = {
+        # in the driver, called from compiled admission through an interpreted wrapper
+        f"<module> (x.py:1);{loop};{submit};CudaTable.graph_launch (cuda.py:381);"
+        "0x1 (libcuda.so.1)": 6,
+        # compiled code of its own
+        f"<module> (x.py:1);{loop};{submit};CPy_DECREF (mypyc_util.h:1)": 3,
+        # start-up, and samples outside the loop: not counted
+        f"<module> (x.py:1);{loop};Runtime.__aenter__ (runtime.py:1)": 50,
+        "<module> (x.py:1);_find_and_load (<frozen importlib._bootstrap>:1)": 40,
+        f"<module> (x.py:1);{loop};main (x.py:2)": 1,
+    }
+    profile = tmp_path / "profile.txt"
+    profile.write_text("".join(f"{stack} {count}\n" for stack, count in stacks.items()))
+    command = [sys.executable, str(BENCHMARKS / "native_profile_summary.py"), str(profile)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "10 samples in the event loop; in the driver or cuda-bindings: 60.0%"
+    assert lines[1].split() == ["60.0%", "driver", "CudaTable.graph_launch", "[py]"]
+    assert lines[2].split() == ["30.0%", "scheduler___Scheduler___submit"]
+    assert lines[3].split() == ["10.0%", "main", "[py]"]
