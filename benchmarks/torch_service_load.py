@@ -71,7 +71,7 @@ import numpy as np
 from example_module import load_example
 from http_exchange import exchange
 
-from hrx_async.serve import RequestRefused, raw_pixels
+from hrx_async.serve import RequestRefused, media_type, raw_pixels
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("threads", "event_poll", "runtime")
@@ -126,12 +126,12 @@ def request_headers(shape: tuple[int, int], encoding: str) -> dict[str, str]:
 def baseline_pictures(
     example: ModuleType, body: bytes, headers: Any, max_side: int
 ) -> np.ndarray[Any, Any]:
-    """A baseline server's pictures from its request (a worker thread runs this for files)."""
-    kind = headers.get("content-type", ENCODINGS["raw"]).split(";")[0].strip().lower()
-    for encoding, content_type in ENCODINGS.items():
-        if kind == content_type and encoding != "raw":
-            pictures: np.ndarray[Any, Any] = example.decode_file(body, FORMATS[encoding], max_side)
-            return pictures
+    """A baseline server's pictures from its request, as the runtime example reads them (a
+    worker thread runs this for files)."""
+    image_format = example.IMAGE_TYPES.get(media_type(headers))
+    if image_format is not None:
+        pictures: np.ndarray[Any, Any] = example.decode_file(body, image_format, max_side)
+        return pictures
     return raw_pixels(body, headers.get("x-image-shape"), None, max_side, 16)
 
 
@@ -199,7 +199,7 @@ def event_poll_app(
     async def classify(request: Request) -> JSONResponse:
         body = await request.body()
         try:
-            if request.headers.get("content-type", "").startswith("image/"):
+            if media_type(request.headers) in example.IMAGE_TYPES:
                 pictures = await asyncio.to_thread(
                     baseline_pictures, example, body, request.headers, max_side
                 )

@@ -111,7 +111,7 @@ class StreamFence:
 
     def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
         """Finish under the track's lock; whoever marked it then runs its callbacks outside
-        the lock (`_run_callbacks`): none can be added once it is done."""
+        the lock (`_run_fence_callbacks`): none can be added once it is done."""
         self._error = error
         self.started_at = started_at
         self.finished_at = now

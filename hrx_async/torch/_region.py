@@ -168,7 +168,7 @@ class TorchWork:
         # the loop's thread, and entering it again restores what was current before.
         on_lane = torch.cuda.stream(lane)
         if self.captured:
-            return _captured(self, typed, device, on_lane)
+            return _captured(self, typed, device, stream, on_lane)
         fn = self.fn
 
         def run(stream: Any, tensors: Any) -> object:
@@ -178,9 +178,9 @@ class TorchWork:
         return run
 
 
-def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> Replay:
-    """Capture `work` over `typed` into a CUDA graph; the replay that launches it inside
-    `on_lane`, the lane stream's context."""
+def _captured(work: TorchWork, typed: list[Any], device: Any, stream: int, on_lane: Any) -> Replay:
+    """Capture `work` over `typed` into a CUDA graph; the replay that launches it on the lane
+    stream `stream` (inside `on_lane`, its context, where PyTorch's replay is used)."""
     fn = work.fn
     side = torch.cuda.Stream(device=device)
     stage = "its warm-up run"
@@ -207,7 +207,7 @@ def _captured(work: TorchWork, typed: list[Any], device: Any, on_lane: Any) -> R
             native = None
             if kept:
                 graph.instantiate()  # PyTorch's own, for the replays that go through it
-                native = _native_launch(graph)
+                native = _native_launch(graph, stream)
     except HrxError:
         raise
     except Exception as exc:
@@ -234,15 +234,15 @@ class CapturedReplay:
         self,
         graph: Any,
         on_lane: Any,
-        native: Callable[[int], None] | None,
+        native: Callable[[], None] | None,
         generator: Any,
     ) -> None:
         self._graph = graph  # keeps the capture's memory pool, which the native launch uses
         self._on_lane = on_lane
         self._native = native
         self._generator = generator
-        self.launch: Callable[[int], None] = self._first if native is not None else self._torch
-        """What the next replay runs, given the lane's raw stream handle."""
+        self.launch: Callable[[], None] = self._first if native is not None else self._torch
+        """What the next replay runs (on the lane stream the region was prepared for)."""
 
     @property
     def native(self) -> bool:
@@ -250,15 +250,15 @@ class CapturedReplay:
         return self.launch is self._native
 
     def __call__(self, stream: int, tensors: Any) -> None:
-        self.launch(stream)
+        self.launch()
 
-    def _torch(self, stream: int) -> None:
+    def _torch(self) -> None:
         with self._on_lane:
             self._graph.replay()
 
-    def _first(self, stream: int) -> None:
+    def _first(self) -> None:
         before = self._generator.get_offset()
-        self._torch(stream)
+        self._torch()
         native = self._native
         self.launch = (
             native if native is not None and self._generator.get_offset() == before else self._torch
@@ -274,9 +274,10 @@ def _new_cuda_graph() -> tuple[Any, bool]:
         return torch.cuda.CUDAGraph(), False
 
 
-def _native_launch(graph: Any) -> Callable[[int], None] | None:
-    """A function launching the captured `graph` on a raw CUDA stream handle: an executable
-    graph of our own, made from PyTorch's captured one, launched through cuda-bindings.
+def _native_launch(graph: Any, stream: int) -> Callable[[], None] | None:
+    """A function launching the captured `graph` on the raw CUDA stream handle `stream`: an
+    executable graph of our own, made from PyTorch's captured one, launched through
+    cuda-bindings.
     None when that cannot be done here: a ROCm build of PyTorch, or no cuda-bindings (then
     PyTorch's own replay is used)."""
     raw_graph = getattr(graph, "raw_cuda_graph", None)
@@ -293,13 +294,10 @@ def _native_launch(graph: Any) -> Callable[[int], None] | None:
     if status:
         raise BackendError("cuda", "cudaGraphInstantiate", status.name)
     weakref.finalize(graph, cudart.cudaGraphExecDestroy, graph_exec)
-    streams: dict[int, Any] = {}
+    lane = cudart.cudaStream_t(init_value=stream)
     launch_graph = cudart.cudaGraphLaunch
 
-    def launch(stream: int) -> None:
-        lane = streams.get(stream)
-        if lane is None:
-            lane = streams[stream] = cudart.cudaStream_t(init_value=stream)
+    def launch() -> None:
         status = launch_graph(graph_exec, lane)[0]
         if status:
             raise BackendError("cuda", "cudaGraphLaunch", status.name)
