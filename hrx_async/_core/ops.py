@@ -68,7 +68,7 @@ class External:
 def enqueued_only(fn: Callable[..., Any], result: Any) -> None:
     """`fn`, external work, returned `result`: refuse an awaitable (it must enqueue and
     return; a coroutine is closed so it does not warn as never awaited)."""
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # (None, the usual, costs nothing)
         if inspect.iscoroutine(result):
             result.close()
         raise TypeError(f"external work {fn!r} returned an awaitable; it must enqueue and return")

@@ -352,7 +352,8 @@ class Completion:
             if self.done():
                 return
         if loop is not None:
-            future = loop.create_future()
+            # (`loop.create_future()` is this call inside a Python method of asyncio's loop.)
+            future: asyncio.Future[None] = asyncio.Future(loop=loop)
             if self._futures is None:
                 self._futures = [future]
             else:

@@ -51,15 +51,22 @@ class ExternalProgram:
     """A region of work another library issues: `fn(stream, tensors)` with the lane's raw
     stream handle, called where the region is launched (see `Graph.external`)."""
 
-    __slots__ = ("fn", "native_graph", "tensors")
+    __slots__ = ("_handle", "_stream", "fn", "native_graph", "tensors")
 
     def __init__(self, fn: Callable[..., Any], tensors: list[Any]) -> None:
         self.fn = fn
         self.tensors = tensors
         self.native_graph = False
+        self._stream: Any = None
+        self._handle = 0
+        """The raw handle of `_stream`, the stream it was last launched on (a region's
+        replays all go to its lane's stream, so it is looked up once)."""
 
     def launch(self, table: DriverTable, stream: Any) -> None:
-        enqueued_only(self.fn, self.fn(table.stream_handle(stream), self.tensors))
+        if stream is not self._stream:
+            self._handle = table.stream_handle(stream)
+            self._stream = stream
+        enqueued_only(self.fn, self.fn(self._handle, self.tensors))
 
 
 class CopyProgram:

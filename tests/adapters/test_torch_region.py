@@ -392,3 +392,42 @@ async def test_a_region_that_cannot_be_captured_fails_prepare_and_changes_nothin
         await eager.prepare().submit()
         assert np.frombuffer(await read_bytes(rt, y), F32).tolist() == [2.0] * 1024
         assert rt.healthy
+
+
+@pytest.mark.cuda
+async def test_an_eager_region_runs_on_the_lane_stream_and_gives_the_callers_back() -> None:
+    """Each replay makes the lane's stream current for `fn` and the caller's current stream
+    current again after it: the default stream, a stream the caller made current, and after
+    `fn` raised."""
+    cuda_torch()
+    n = 1 << 12
+    async with hrx.Runtime(backend="cuda", npu=None) as rt:
+        x, y = rt.allocate(n * 4, hrx.GPU_LOCAL), rt.allocate(n * 4, hrx.GPU_LOCAL)
+        seen: list[int] = []
+        failing: list[bool] = []
+
+        def add(source: Any, target: Any) -> None:
+            seen.append(torch.cuda.current_stream().cuda_stream)
+            torch.add(source, 1, out=target)
+            if failing:
+                raise RuntimeError("the region's own failure")
+
+        graph = rt.graph("eager-add")
+        hrx_torch.region(
+            graph, add, reads=[(x.view(), torch.float32)], writes=[(y.view(), torch.float32)]
+        )
+        prepared = graph.prepare()
+        default = torch.cuda.current_stream().cuda_stream
+        mine = torch.cuda.Stream()
+        await prepared.submit()
+        assert torch.cuda.current_stream().cuda_stream == default
+        with torch.cuda.stream(mine):
+            await prepared.submit()
+            assert torch.cuda.current_stream().cuda_stream == mine.cuda_stream
+        assert torch.cuda.current_stream().cuda_stream == default
+        failing.append(True)
+        with pytest.raises(hrx.ExecutionError, match="eager-add"):
+            await prepared.submit()
+        assert torch.cuda.current_stream().cuda_stream == default
+        assert len(seen) == 3 and len(set(seen)) == 1
+        assert seen[0] not in (default, mine.cuda_stream)  # the lane's own stream
