@@ -2,9 +2,10 @@
 
 `region(g, fn, reads=[(view, dtype, shape)], writes=[...])` records `fn(*tensors)` on the
 compute lane (through `Graph.external`), ordered by byte range with the graph's other work
-like any kernel. On CUDA, `fn` runs inside `torch.cuda.stream(torch.cuda.ExternalStream(s))`
-for the lane's stream `s`, over CUDA tensors made once when the graph is prepared; on `sim`,
-over CPU tensors sharing the runtime's memory, so one graph runs everywhere.
+like any kernel. On CUDA, `fn` runs with the lane's stream `s` current (as inside
+`torch.cuda.stream(torch.cuda.ExternalStream(s))`), over CUDA tensors made once when the
+graph is prepared; on `sim`, over CPU tensors sharing the runtime's memory, so one graph
+runs everywhere.
 `captured=True` records the work once into a `torch.cuda.CUDAGraph` when the graph is
 prepared, so each replay is one launch on the lane's stream (PyTorch's `graph.replay()` for
 work that draws random numbers, else a native launch of the same graph).

@@ -60,9 +60,10 @@ def region(
     caching allocator on the lane's stream, so their memory is reused only by work queued
     after them on that stream: stream-ordered, with no host wait.
 
-    On CUDA, `fn` runs on the event loop's thread when the region is issued, inside
-    `torch.cuda.stream(torch.cuda.ExternalStream(stream))` for the lane's stream, over CUDA
-    tensors made once when the graph is prepared. `captured=True` (fixed shapes, no
+    On CUDA, `fn` runs on the event loop's thread when the region is issued, with the lane's
+    stream current as inside `torch.cuda.stream(torch.cuda.ExternalStream(stream))` (and the
+    caller's current stream current again after it), over CUDA tensors made once when the
+    graph is prepared. `captured=True` (fixed shapes, no
     host-side decisions in `fn`) records the work instead, once, when the graph is
     prepared: `fn` runs once on zero-filled scratch tensors of the same dtypes and shapes
     (a warm-up that initialises libraries such as cuBLAS; nothing orders work on the
