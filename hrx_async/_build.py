@@ -15,6 +15,7 @@ from typing import Any
 
 COMPILED: tuple[str, ...] = (
     "hrx_async._core.intervals",
+    "hrx_async._core.counters",
     "hrx_async._core.tracker",
     "hrx_async._core.segments",
     "hrx_async._runtime.completion",

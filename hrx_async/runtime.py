@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ._core import validate as _validate
 from ._core.contract import Access, KernelContract, check_dims
+from ._core.counters import Counters
 from ._core.graph import Graph, GraphPlan
 from ._core.kernels import GpuKernel, KernelSource, NpuKernel
 from ._core.memory import (
@@ -29,7 +30,7 @@ from ._core.memory import (
     View,
     gpu_local,
 )
-from ._core.stats import Counters, Statistics
+from ._core.stats import Statistics
 from ._core.trace import ExecutionTrace, TraceRecorder
 from ._runtime.completion import Completion
 from ._runtime.interop import GpuAccess

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
+from threading import get_ident
+from time import perf_counter
 from typing import Any, Protocol
 
 from ..errors import Busy, ContractError, Unsupported
@@ -155,7 +156,7 @@ class Completion:
         self._thread_event: threading.Event | None = None
         self.wait_check: Callable[[Completion], None] | None = None
         """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
-        self.submitted_at = time.perf_counter()
+        self.submitted_at = perf_counter()
         self.started_at: float | None = None
         self.finished_at: float | None = None
 
@@ -168,7 +169,7 @@ class Completion:
         self._source = None
         # No lock: `wait` publishes its event before it reads `finished_at`, and this reads
         # the event after publishing `finished_at`, so one of the two sees the other.
-        self.finished_at = time.perf_counter()
+        self.finished_at = perf_counter()
         thread_event = self._thread_event
         tasks = self._tasks
         if tasks is not None:
@@ -285,7 +286,7 @@ class Completion:
 
     def _check_loop_thread(self, what: str) -> None:
         loop_thread = getattr(self.owner, "loop_thread", None)
-        if loop_thread is not None and threading.get_ident() != loop_thread:
+        if loop_thread is not None and get_ident() != loop_thread:
             raise ContractError(
                 f"{what}() was called from a thread other than the runtime's event loop; "
                 "use wait() there"

@@ -44,8 +44,8 @@ from .mappings import MappingToken
 from .region import DONE, FAILED, ISSUED, RegionRun, Submission
 
 if TYPE_CHECKING:
+    from .._core.counters import Counters
     from .._core.memory import BufferOwner, MemoryBudget
-    from .._core.stats import Counters
     from ..backends.base import Backend
     from .mappings import HostMappings
     from .scheduler import Scheduler

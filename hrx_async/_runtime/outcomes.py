@@ -8,13 +8,13 @@ is built on this: admission and issue there, outcomes here.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable
+from time import perf_counter
 
 import anyio
 
+from .._core.counters import Counters
 from .._core.graph import RegionPlan
-from .._core.stats import Counters
 from .._core.trace import TraceEvent, TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
@@ -109,7 +109,7 @@ class Outcomes(RegionOwner):
             return
         assert run.outcome is not None
         error, skipped, finished_at = run.outcome
-        end = finished_at if finished_at is not None else time.perf_counter()
+        end = finished_at if finished_at is not None else perf_counter()
         submission = run.submission
         plan = run.plan
         self.tracker.forget(run)

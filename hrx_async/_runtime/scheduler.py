@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
+from threading import get_ident
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 
+from .._core.counters import Counters
 from .._core.graph import RegionPlan
 from .._core.lane import Lane
-from .._core.stats import Counters
 from .._core.trace import TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import (
@@ -103,7 +103,7 @@ class Scheduler(Outcomes):
         """Set when the runtime is left by an exception: every region not started skips."""
         self.closed = False
         self.pumping = False
-        self.loop_thread = threading.get_ident()
+        self.loop_thread = get_ident()
         self.asyncio_loop: asyncio.AbstractEventLoop | None
         try:
             self.asyncio_loop = asyncio.get_running_loop()
@@ -132,7 +132,7 @@ class Scheduler(Outcomes):
     def submit(self, replay: ReplayPlan, after: Iterable[Completion], nowait: bool) -> Completion:
         # The hot path of every replay: checks that pass cost one comparison each, and
         # the slower explanations live in _refuse and _check_inputs.
-        if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
+        if self.closed or self.lost is not None or get_ident() != self.loop_thread:
             self._refuse()
         frees = replay.session.frees
         if frees != replay.frees_seen:
@@ -166,7 +166,7 @@ class Scheduler(Outcomes):
         early: Fence | BaseException | None = None
         started = 0.0
         if admit_now and not after_items and replay.first_on_stream:
-            started = time.perf_counter()
+            started = perf_counter()
             try:
                 early = self._launch_first(replay)
             except BaseException as exc:  # launched and failed: the region fails in _admit
@@ -239,7 +239,7 @@ class Scheduler(Outcomes):
 
         Stages count against `max_submissions` like submissions: beyond it, `Busy`.
         """
-        if self.closed or self.lost is not None or threading.get_ident() != self.loop_thread:
+        if self.closed or self.lost is not None or get_ident() != self.loop_thread:
             self._refuse()
         if self.live >= self.max_submissions:
             raise Busy(
@@ -276,7 +276,7 @@ class Scheduler(Outcomes):
         lane.held = True
         run.state = ISSUED
         run.verdict = PASSED  # started: nothing can skip it now
-        run.started_at = time.perf_counter()
+        run.started_at = perf_counter()
         try:
             with anyio.CancelScope(shield=True):
                 error = await hold.run()
@@ -521,7 +521,7 @@ class Scheduler(Outcomes):
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
         """Hand `run` to its queue (device-side waits first) and follow its fence."""
         run.state = ISSUED
-        run.started_at = time.perf_counter()
+        run.started_at = perf_counter()
         index = run.plan.index
         provider = run.provider
         budget = run.budget
@@ -567,7 +567,7 @@ class Scheduler(Outcomes):
         (see `refuse_waiting_on`).
         """
         run.state = ISSUED
-        run.started_at = time.perf_counter()
+        run.started_at = perf_counter()
         self.task_group.start_soon(program.run_region, run, self.finish)
 
     # -- shutdown --------------------------------------------------------------

@@ -19,11 +19,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .._core.counters import Counters
 from .._core.graph import GraphPlan, RegionPlan
 from .._core.lane import Lane
 from .._core.memory import Buffer, BufferOwner, Domain, MemoryBudget, Placement, PlacementKind
 from .._core.ops import External
-from .._core.stats import Counters
 from ..backends import open_gpu_backend
 from ..backends.base import Backend, GpuInterop
 from ..backends.sim import SimBackend

@@ -16,8 +16,8 @@ bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -83,7 +83,7 @@ class QueueWatch:
         else:
             fence = queue.submit(program, waits, preflight)
         # An idle loop keeps sweeping until the region is overdue (see sweep).
-        deadline = time.perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+        deadline = perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
         if newly_watched:
             watched[queue] = deadline
             self.schedule_tick()
@@ -106,7 +106,7 @@ class QueueWatch:
         now = 0.0
         idle = False
         if new_pass:
-            now = time.perf_counter()
+            now = perf_counter()
             # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
             gap = min(now - self.last_sweep, POLL_CAP_S)
             self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap

@@ -26,9 +26,9 @@ threads.
 from __future__ import annotations
 
 import ctypes
-import time
 import weakref
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 from .._core.contract import KernelContract
@@ -84,7 +84,7 @@ class StreamQueue:
                 return finished_fence(refusal)
         table = self._table
         stream = self.stream
-        issued_at = time.perf_counter()
+        issued_at = perf_counter()
         try:
             if waits:
                 self._wait_for(waits)
@@ -450,7 +450,7 @@ class StreamBackend:
         """A fence for everything queued so far on the raw stream `handle`."""
         event = self.events.take()
         table = self.table
-        issued_at = time.perf_counter()
+        issued_at = perf_counter()
         try:
             table.event_record(event, handle)
         except BaseException:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from ..errors import BackendError, Cancelled
@@ -225,7 +225,7 @@ class StreamFences:
         with self.lock:
             if fence._done:
                 return
-            fence._mark(error, fence.issued_at, time.perf_counter())
+            fence._mark(error, fence.issued_at, perf_counter())
         _run_fence_callbacks(fence)
 
     def _collect(
@@ -253,7 +253,7 @@ class StreamFences:
                     except BackendError as exc:
                         error = exc
                 if not now:
-                    now = time.perf_counter()
+                    now = perf_counter()
                 # A fence cannot start before the previous one on its stream finished.
                 started = max(fence.issued_at, self._last_finished)
                 fence._mark(error, started, now)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any, Protocol
 
 from ..errors import Cancelled
@@ -88,7 +88,7 @@ class ThreadFence:
     def finish(self, error: BaseException | None = None, skipped: bool = False) -> None:
         self._error = error
         self._skipped = skipped
-        self.finished_at = time.perf_counter()
+        self.finished_at = perf_counter()
         with self._guard:
             self._done = True
             callbacks, self._callbacks = self._callbacks, None
@@ -138,29 +138,32 @@ class WorkerQueue:
             item = self._items.get()
             if item is _STOP:
                 return
-            _run_item(*item)
-            # The item reaches the region's program and views, so its buffers: held
-            # across the wait for the next item, they would outlive the user's handles.
+            fence: ThreadFence = item[3]
+            error, skipped = _run_item(*item)
+            # The item reaches the region's program and views, so its buffers. It goes
+            # before the fence finishes: whoever awaits the fence may drop the last handle
+            # to a buffer the moment it does, and a collection then must not find it held
+            # here (nor across the wait for the next item).
             del item
+            fence.finish(error, skipped)
+            del fence, error
 
 
 def _run_item(
     program: Runnable, waits: Sequence[Any], preflight: Preflight, fence: ThreadFence
-) -> None:
-    """Run one queued item; a function so that nothing of it stays in the worker's frame."""
+) -> tuple[BaseException | None, bool]:
+    """Run one queued item: (its error, whether it was skipped). A function, so that
+    nothing of the item stays in the worker's frame once it returns."""
     for dependency in waits:
         dependency.wait()
     refusal = preflight() if preflight is not None else None
     if refusal is not None:
         if isinstance(refusal, Cancelled):
-            fence.finish(skipped=True)
-        else:
-            fence.finish(refusal)
-        return
-    fence.started_at = time.perf_counter()
+            return None, True
+        return refusal, False
+    fence.started_at = perf_counter()
     try:
         program.run()
     except BaseException as exc:
-        fence.finish(exc)
-    else:
-        fence.finish()
+        return exc, False
+    return None, False

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from hrx_async._core.counters import Counters
 from hrx_async._core.lane import Lane
-from hrx_async._core.stats import FIELD_NAMES, Counters, Statistics
+from hrx_async._core.stats import FIELD_NAMES, Statistics
 from hrx_async.errors import ContractError
 
 EXPECTED_ORDER = [
@@ -132,3 +133,13 @@ def test_snapshot_is_detached_from_later_updates() -> None:
     counters.submissions += 1
     assert before.submissions == 1
     assert counters.snapshot().submissions == 2
+
+
+def test_every_counter_reaches_the_snapshot_under_its_own_name() -> None:
+    counters = Counters()
+    for value, name in enumerate(FIELD_NAMES, start=1):
+        setattr(counters, name, value)
+    assert counters.snapshot().to_dict() == {
+        name: value for value, name in enumerate(FIELD_NAMES, start=1)
+    }
+    assert repr(counters).startswith("Counters(native_graphs_prepared=1, ")
