@@ -359,7 +359,12 @@ class Completion:
                 self._futures = [future]
             else:
                 self._futures.append(future)
-            yield from future.__await__()
+            # What `yield from future.__await__()` does, without the `yield from`: compiled,
+            # that passes a cancellation on with the three-argument `throw()`, which Python
+            # 3.12 deprecates (under `-W error` the cancelled task would fail with the
+            # DeprecationWarning). Yielded bare, the cancellation is raised right here.
+            future._asyncio_future_blocking = True
+            yield future
         else:
             if self._tasks is None:
                 self._tasks = []
