@@ -104,6 +104,67 @@ class _DoneWait:
         return self.completion._wait()
 
 
+class Signal:
+    """A one-shot wake-up on the loop's thread: `set()` wakes every task awaiting it.
+
+    What a completion's waiters park on, and what a lane task awaits before it issues a
+    region (`RegionRun.wait_issued`, `wait_finished`) or a drain waits for. On asyncio each
+    waiter waits on a plain future of its own (so cancelling one cancels only its own wait),
+    on trio the task parks with `wait_task_rescheduled`: several times cheaper than an
+    `anyio.Event`. Compiled code must not await an `anyio.Event` anyway: it would pass a
+    cancellation on to anyio's coroutine with the three-argument `throw()`, which Python
+    3.12 deprecates (under `-W error` the cancelled task would fail with the warning); a
+    future yielded bare, as here, gets the cancellation raised at the `yield`.
+    """
+
+    __slots__ = ("_futures", "_loop", "_tasks", "is_set")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        """The asyncio loop, or None on trio."""
+        self.is_set = False
+        self._futures: list[asyncio.Future[None]] | None = None
+        self._tasks: list[Any] | None = None
+        """trio: the tasks parked on it (asyncio waits on `_futures`)."""
+
+    def set(self) -> None:
+        if self.is_set:
+            return
+        self.is_set = True
+        tasks = self._tasks
+        if tasks is not None:
+            self._tasks = None
+            reschedule = trio_lowlevel().reschedule
+            for task in tasks:
+                reschedule(task)
+        futures = self._futures
+        if futures is not None:
+            self._futures = None
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self.is_set:
+            return
+        loop = self._loop
+        if loop is not None:
+            # (`loop.create_future()` is this call inside a Python method of asyncio's loop.)
+            future: asyncio.Future[None] = asyncio.Future(loop=loop)
+            if self._futures is None:
+                self._futures = [future]
+            else:
+                self._futures.append(future)
+            # What `yield from future.__await__()` does, without the `yield from` (see the
+            # class docstring).
+            future._asyncio_future_blocking = True
+            yield future
+        else:
+            if self._tasks is None:
+                self._tasks = []
+            yield from _park_trio_task(self._tasks).__await__()
+
+
 YIELD_EVERY = 8
 """How many awaits in a row of completions already done (or finished by their own sweep)
 return without yielding to the loop."""
@@ -121,10 +182,9 @@ class Completion:
     __slots__ = (
         "_callbacks",
         "_error",
-        "_futures",
         "_loop",
+        "_signal",
         "_source",
-        "_tasks",
         "_thread_event",
         "finished_at",
         "label",
@@ -146,13 +206,10 @@ class Completion:
         """The scheduling domain that made it: `after=` accepts only its own."""
         self._source: CompletionSource | None = source
         self._callbacks: list[Callable[[], None]] | None = None
-        # On asyncio, waiters wait on plain futures (one each, so cancelling one waiter
-        # cancels only its own): about half the cost of an anyio.Event round trip.
         self._loop = loop
-        self._futures: list[asyncio.Future[None]] | None = None
         self._error: BaseException | None = None
-        self._tasks: list[Any] | None = None
-        """trio: the tasks parked on it (asyncio waits on `_futures`)."""
+        self._signal: Signal | None = None
+        """What awaiting tasks park on, made when the first one does."""
         self._thread_event: threading.Event | None = None
         self.wait_check: Callable[[Completion], None] | None = None
         """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
@@ -171,18 +228,10 @@ class Completion:
         # the event after publishing `finished_at`, so one of the two sees the other.
         self.finished_at = perf_counter()
         thread_event = self._thread_event
-        tasks = self._tasks
-        if tasks is not None:
-            self._tasks = None
-            reschedule = trio_lowlevel().reschedule
-            for task in tasks:
-                reschedule(task)
-        futures = self._futures
-        if futures is not None:
-            self._futures = None
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
+        signal = self._signal
+        if signal is not None:
+            self._signal = None
+            signal.set()
         if thread_event is not None:
             thread_event.set()
         callbacks = self._callbacks
@@ -352,23 +401,10 @@ class Completion:
                 source.release()
             if self.done():
                 return
-        if loop is not None:
-            # (`loop.create_future()` is this call inside a Python method of asyncio's loop.)
-            future: asyncio.Future[None] = asyncio.Future(loop=loop)
-            if self._futures is None:
-                self._futures = [future]
-            else:
-                self._futures.append(future)
-            # What `yield from future.__await__()` does, without the `yield from`: compiled,
-            # that passes a cancellation on with the three-argument `throw()`, which Python
-            # 3.12 deprecates (under `-W error` the cancelled task would fail with the
-            # DeprecationWarning). Yielded bare, the cancellation is raised right here.
-            future._asyncio_future_blocking = True
-            yield future
-        else:
-            if self._tasks is None:
-                self._tasks = []
-            yield from _park_trio_task(self._tasks).__await__()
+        signal = self._signal
+        if signal is None:
+            signal = self._signal = Signal(loop)
+        yield from signal.__await__()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-loop) thread until finished; False on timeout, changing nothing.

@@ -11,13 +11,12 @@ import collections
 from collections.abc import Callable
 from time import perf_counter
 
-import anyio
-
 from .._core.counters import Counters
 from .._core.graph import RegionPlan
 from .._core.trace import TraceEvent, TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
+from .completion import Signal
 from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
 from .region_owner import UNREAD, RegionOwner
 
@@ -37,7 +36,7 @@ class Outcomes(RegionOwner):
     waiting: collections.deque[Submission]
     live: int
     unfinished: dict[Submission, None]
-    idle: anyio.Event | None
+    idle: Signal | None
 
     def _admit(self, submission: Submission) -> None:
         raise NotImplementedError

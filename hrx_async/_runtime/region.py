@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from .._core.graph import RegionPlan
 from .._core.intervals import Interval
 from .._core.lane import Lane
@@ -27,7 +25,7 @@ from ..errors import (
     HrxError,
     PoisonedError,
 )
-from .completion import Completion
+from .completion import Completion, Signal
 from .region_owner import RegionOwner
 
 if TYPE_CHECKING:
@@ -122,8 +120,8 @@ class RegionRun:
         self.applied = False
         """Its failure has poisoned what it writes."""
         self.started_at: float | None = None
-        self.issued_waiters: list[anyio.Event] | None = None
-        self.done_waiters: list[anyio.Event] | None = None
+        self.issued_waiters: list[Signal] | None = None
+        self.done_waiters: list[Signal] | None = None
         self.outcome: tuple[BaseException | None, bool, float | None] | None = None
         """The outcome of a region that ended before everything it follows finished."""
         self.blockers = 0
@@ -177,19 +175,19 @@ class RegionRun:
 
     async def wait_issued(self) -> None:
         if self.state == QUEUED:
-            event = anyio.Event()
+            signal = Signal(self.submission.scheduler.asyncio_loop)
             if self.issued_waiters is None:
                 self.issued_waiters = []
-            self.issued_waiters.append(event)
-            await event.wait()
+            self.issued_waiters.append(signal)
+            await signal
 
     async def wait_finished(self) -> None:
         if self.state < DONE:
-            event = anyio.Event()
+            signal = Signal(self.submission.scheduler.asyncio_loop)
             if self.done_waiters is None:
                 self.done_waiters = []
-            self.done_waiters.append(event)
-            await event.wait()
+            self.done_waiters.append(signal)
+            await signal
 
     def on_fence(self, fence: Any) -> None:
         if self.state >= DONE:

@@ -42,7 +42,7 @@ from ..errors import (
     PoisonedError,
     RuntimeClosed,
 )
-from .completion import Completion
+from .completion import Completion, Signal
 from .hold import LaneHold
 from .host import AsyncHostProgram
 from .lane_task import LaneRunner
@@ -95,7 +95,7 @@ class Scheduler(Outcomes):
         self.live = 0
         self.unfinished: dict[Submission, None] = {}
         """Submissions not finished yet, in submission order (what a native stage follows)."""
-        self.idle: anyio.Event | None = None
+        self.idle: Signal | None = None
         self.trace: TraceRecorder | None = None
         self.trace_origin = 0.0
         self.lost: BaseException | None = None
@@ -602,8 +602,8 @@ class Scheduler(Outcomes):
         while self.live:
             # One event shared by every drainer: each new one must not strand the others.
             if self.idle is None:
-                self.idle = anyio.Event()
-            await self.idle.wait()
+                self.idle = Signal(self.asyncio_loop)
+            await self.idle
 
     def close_lanes(self) -> None:
         self.closed = True
