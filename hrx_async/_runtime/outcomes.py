@@ -181,8 +181,8 @@ class Outcomes(RegionOwner):
         run.deps = ()
         for waiters in (run.issued_waiters, run.done_waiters):
             if waiters:
-                for event in waiters:
-                    event.set()
+                for signal in waiters:
+                    signal.set()
         run.issued_waiters = run.done_waiters = None
         followers = run.followers
         if followers is not None:

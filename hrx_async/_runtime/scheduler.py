@@ -555,8 +555,8 @@ class Scheduler(Outcomes):
         waiters = run.issued_waiters
         if waiters is not None:
             run.issued_waiters = None
-            for event in waiters:
-                event.set()
+            for signal in waiters:
+                signal.set()
         fence.add_done_callback(run.on_fence)
 
     def _start_host(self, run: RegionRun, program: AsyncHostProgram) -> None:

@@ -63,21 +63,20 @@ def region(
     On CUDA, `fn` runs on the event loop's thread when the region is issued, with the lane's
     stream current as inside `torch.cuda.stream(torch.cuda.ExternalStream(stream))` (and the
     caller's current stream current again after it), over CUDA tensors made once when the
-    graph is prepared. `captured=True` (fixed shapes, no
-    host-side decisions in `fn`) records the work instead, once, when the graph is
-    prepared: `fn` runs once on zero-filled scratch tensors of the same dtypes and shapes
-    (a warm-up that initialises libraries such as cuBLAS; nothing orders work on the
-    region's own memory at that time), then is captured over the region's tensors into a
-    `torch.cuda.CUDAGraph` with its own memory pool, on a side stream. The first replay is
-    `graph.replay()` on the lane's stream; when it leaves PyTorch's default CUDA generator
-    where it was (the work draws no random numbers, so there is no generator state for
-    PyTorch's replay to advance), every later replay is one `cudaGraphLaunch` of the same
-    captured graph onto the lane's stream, with no PyTorch call in between (on CUDA builds
-    of PyTorch with `keep_graph` support and cuda-bindings installed; otherwise, and for work
-    that draws random numbers, every replay is `graph.replay()`). A warm-up or capture that
-    fails makes `prepare()` raise `ContractError` (PyTorch's allocator may keep the memory
-    pool of a capture that failed, as after any failed `torch.cuda.graph`: fix the function,
-    do not retry).
+    graph is prepared. `captured=True` (fixed shapes, no host-side decisions in `fn`)
+    records the work instead, once, when the graph is prepared: `fn` runs once on
+    zero-filled scratch tensors of the same dtypes and shapes (a warm-up that initialises
+    libraries such as cuBLAS; nothing orders work on the region's own memory at that time),
+    then is captured over the region's tensors into a `torch.cuda.CUDAGraph` with its own
+    memory pool, on a side stream. The first replay is `graph.replay()` on the lane's
+    stream; when it leaves PyTorch's default CUDA generator where it was (the work draws no
+    random numbers, so there is no generator state for PyTorch's replay to advance), every
+    later replay is one `cudaGraphLaunch` of the same captured graph onto the lane's stream,
+    with no PyTorch call in between (on CUDA builds of PyTorch with `keep_graph` support and
+    cuda-bindings installed; otherwise, and for work that draws random numbers, every replay
+    is `graph.replay()`). A warm-up or capture that fails makes `prepare()` raise
+    `ContractError` (PyTorch's allocator may keep the memory pool of a capture that failed,
+    as after any failed `torch.cuda.graph`: fix the function, do not retry).
 
     On `sim`, `fn` runs on the compute lane's worker thread over CPU tensors sharing the
     runtime's memory (`torch.from_numpy`), the captured form eagerly, so the same graph
