@@ -14,6 +14,7 @@ import importlib.util
 from typing import Any
 
 COMPILED: tuple[str, ...] = (
+    "hrx_async._core.clock",
     "hrx_async._core.intervals",
     "hrx_async._core.counters",
     "hrx_async._core.tracker",
@@ -26,16 +27,17 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.outcomes",
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",
+    "hrx_async.backends.fence",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream",
     "hrx_async.backends.worker",
 )
-"""The modules mypyc compiles when it can: the replay path's admission, tracker, settling,
-fence sweeps and completions, the stream queues that launch each region, and the worker
-threads that run the sim backend's lanes and the host lane. Each must pass
-mypy --strict and the whole test suite compiled; none may be an entry point users call with
-unchecked arguments (compiled code raises TypeError for an argument of the wrong type, the
-public API ContractError).
+"""The modules mypyc compiles when it can: the clock the others read, the replay path's
+admission, tracker, settling, fence sweeps and completions, the stream queues that launch
+each region, and the worker threads that run the sim backend's lanes and the host lane.
+Each must pass mypy --strict and the whole test suite compiled; none may be an entry point
+users call with unchecked arguments (compiled code raises TypeError for an argument of the
+wrong type, the public API ContractError).
 
 Left out: _runtime/notify.py (a test replaces LoopNotifier.post on an instance, which a
 compiled class forbids), and everything users call directly."""

@@ -10,12 +10,12 @@ representation and the operations on it; the tracker holds the algorithm.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 U = TypeVar("U", bound=Hashable)
 
 # What `segments` reports for a segment without readers.
-NO_READERS: frozenset[Any] = frozenset()
+NO_READERS: Final[frozenset[Any]] = frozenset()
 
 
 class ReaderGroup(Generic[U]):

@@ -49,9 +49,9 @@ user may still appear in.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import bisect
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from .intervals import check_range
 from .segments import (
@@ -71,6 +71,10 @@ from .segments import (
 )
 
 U = TypeVar("U", bound=Hashable)
+
+# Final names: compiled, each call reads a native static instead of the module's globals.
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
 
 
 class AccessTracker(Generic[U]):

@@ -14,10 +14,9 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from threading import get_ident
-from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from .._core.clock import get_ident, perf_counter
 from ..errors import Busy, ContractError, Unsupported
 
 
@@ -55,7 +54,20 @@ class CompletionSource(Protocol):
         ...
 
 
-_trio: Any = None
+class _Shared:
+    """The module's mutable state, in native fields: compiled, a module global is a
+    dictionary entry, read and written on every await."""
+
+    __slots__ = ("finished_without_yield", "trio")
+
+    def __init__(self) -> None:
+        self.trio: Any = None
+        """`trio.lowlevel`, once imported."""
+        self.finished_without_yield = 0
+        """Awaits in a row that returned without yielding (see `Completion.wait_done`)."""
+
+
+_shared: Final = _Shared()
 
 
 def trio_checkpoint() -> Callable[[], Awaitable[None]]:
@@ -69,12 +81,12 @@ def trio_lowlevel() -> Any:
     """`trio.lowlevel`, imported on first use. A trio task parks on its completion with
     `wait_task_rescheduled` and is woken with `reschedule`: an `anyio.Event` per wait costs
     several times more (backend lookup, two wrapper objects)."""
-    global _trio
-    if _trio is None:
+    lowlevel = _shared.trio
+    if lowlevel is None:
         import trio.lowlevel
 
-        _trio = trio.lowlevel
-    return _trio
+        lowlevel = _shared.trio = trio.lowlevel
+    return lowlevel
 
 
 async def _park_trio_task(waiters: list[Any]) -> None:
@@ -165,10 +177,9 @@ class Signal:
             yield from _park_trio_task(self._tasks).__await__()
 
 
-YIELD_EVERY = 8
+YIELD_EVERY: Final = 8
 """How many awaits in a row of completions already done (or finished by their own sweep)
 return without yielding to the loop."""
-_finished_without_yield = 0
 
 # Makes threads that call `wait()` at once share one event (`_resolve` takes no lock). One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
@@ -364,25 +375,24 @@ class Completion:
         object in between. On asyncio its checkpoint is a bare `yield`, which is what
         `asyncio.sleep(0)` yields (a task whose coroutine yields None steps again in the next
         loop iteration), without the two calls and the coroutine that one makes."""
-        global _finished_without_yield
         loop = self._loop
         if loop is not None and self.finished_at is not None:
             return
         source = self._source
         lead = source.sweep() if source is not None else False
         if self.finished_at is not None:
-            if _finished_without_yield < YIELD_EVERY:
-                _finished_without_yield += 1
+            if _shared.finished_without_yield < YIELD_EVERY:
+                _shared.finished_without_yield += 1
                 if loop is None:
                     yield from trio_lowlevel().checkpoint_if_cancelled().__await__()
                 return
-            _finished_without_yield = 0
+            _shared.finished_without_yield = 0
             if loop is not None:
                 yield  # asyncio.sleep(0)
             else:
                 yield from trio_checkpoint()().__await__()
             return
-        _finished_without_yield = 0
+        _shared.finished_without_yield = 0
         if lead:
             assert source is not None
             # Sweeping between checkpoints notices the end of the work in the same loop

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from time import perf_counter
 
+from .._core.clock import perf_counter
 from .._core.counters import Counters
 from .._core.graph import RegionPlan
 from .._core.trace import TraceEvent, TraceRecorder
@@ -136,10 +136,10 @@ class Outcomes(RegionOwner):
             started = run.started_at
             if started is not None and run.fence is not None:
                 # Learn how long this region takes: an idle loop watches its next replay as long.
-                estimates, index = run.estimates, plan.index
+                estimates, index = run.estimates, run.index
                 estimates[index] = 0.8 * estimates[index] + 0.2 * (end - started)
-            if plan.copy_bytes:
-                self.counters.count_copies(plan.copies)
+            if run.copies:
+                self.counters.count_copies(run.copies)
         started = run.started_at
         if started is not None and run.state != SKIPPED:
             completion = submission.completion

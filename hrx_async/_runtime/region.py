@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Sequence
-from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from .._core.clock import get_ident
 from .._core.graph import RegionPlan
 from .._core.intervals import Interval
 from .._core.lane import Lane
@@ -33,10 +33,15 @@ if TYPE_CHECKING:
     from .._core.tracker import AccessTracker
     from ..backends.base import Fence
 
-QUEUED, ISSUED, DONE, FAILED, SKIPPED = range(5)
-CHECKING = object()
+# Final, so the compiled modules read them as constants, not as a globals lookup each.
+QUEUED: Final = 0
+ISSUED: Final = 1
+DONE: Final = 2
+FAILED: Final = 3
+SKIPPED: Final = 4
+CHECKING: Final = object()
 """`RegionRun.verdict` while its last check (`preflight`) is under way."""
-PASSED = object()
+PASSED: Final = object()
 """`RegionRun.verdict` once its last check passed, or for a region launched without one."""
 RUNNING_HOST_REGION: contextvars.ContextVar[RegionRun | None] = contextvars.ContextVar(
     "RUNNING_HOST_REGION", default=None
@@ -58,6 +63,7 @@ class RegionRun:
         "budget",
         "cause",
         "clears",
+        "copies",
         "deps",
         "done_waiters",
         "error",
@@ -65,6 +71,7 @@ class RegionRun:
         "expected",
         "fence",
         "followers",
+        "index",
         "inputs",
         "issued_waiters",
         "key",
@@ -99,6 +106,11 @@ class RegionRun:
         self.queues = queues
         """Its prepared graph's queue per region, filled in on first use (None: look it up)."""
         self.plan = plan
+        self.index = plan.index
+        """Its plan's index (read on every replay: a field here is a native read, the plan's
+        attribute is not)."""
+        self.copies = plan.copies
+        """Its plan's bytes copied per lane, for the statistics."""
         self.program = program
         self.provider = provider
         self.estimates = estimates
@@ -111,7 +123,8 @@ class RegionRun:
         `Scheduler.expect_clears`)."""
         self.inputs: Sequence[Interval] = plan.reads if inputs is None else inputs
         """The bytes it reads before writing them itself: poisoned, they refuse it."""
-        self.deps: Sequence[RegionRun] = ()
+        self.deps: tuple[RegionRun, ...] = ()
+        """What it waits for (a tuple: compiled, iterating one is native)."""
         self.state = QUEUED
         self.fence: Fence | None = None
         self.error: BaseException | None = None
@@ -189,7 +202,7 @@ class RegionRun:
             self.done_waiters.append(signal)
             await signal
 
-    def on_fence(self, fence: Any) -> None:
+    def on_fence(self, fence: Fence) -> None:
         if self.state >= DONE:
             return
         submission = self.submission

@@ -10,13 +10,13 @@ and attribute reads native: a Protocol would make each one a dynamic lookup.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Final
 
 from .notify import LoopNotifier
 from .poison import PoisonBook
 from .watch import QueueWatch
 
-UNREAD: BaseException = BaseException("the fence's error was not read yet")
+UNREAD: Final[BaseException] = BaseException("the fence's error was not read yet")
 """`fence_done`'s default: the caller did not read the fence's error. (Declared here, so the
 base and the implementation agree on it whichever way the call is made.)"""
 

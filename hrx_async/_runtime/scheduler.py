@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Iterable, Sequence
-from threading import get_ident
-from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.abc
 
+from .._core.clock import get_ident, perf_counter
 from .._core.counters import Counters
 from .._core.graph import RegionPlan
 from .._core.lane import Lane
@@ -67,7 +66,10 @@ if TYPE_CHECKING:
     from .replay import ReplayPlan
 
 
-_NO_WAITS: tuple[Fence, ...] = ()
+_NO_WAITS: Final[tuple[Fence, ...]] = ()
+_HOST_SIDE: Final = (AsyncHostProgram, LaneHold)
+"""Programs that run on the host, not on a backend's queue (a tuple made once: the union
+`A | B` would be built again at every check)."""
 
 
 class Scheduler(Outcomes):
@@ -168,7 +170,7 @@ class Scheduler(Outcomes):
         if admit_now and not after_items and replay.first_on_stream:
             started = perf_counter()
             try:
-                early = self._launch_first(replay)
+                early = self._launch_first(replay, started)
             except BaseException as exc:  # launched and failed: the region fails in _admit
                 early = exc
 
@@ -204,7 +206,7 @@ class Scheduler(Outcomes):
                     else:
                         deps |= found
             if deps:
-                run.deps = [dep for dep in deps if isinstance(dep, RegionRun)]
+                run.deps = tuple([dep for dep in deps if isinstance(dep, RegionRun)])
             runs.append(run)
         submission.remaining = len(runs)
         self.counters.submissions += 1
@@ -299,7 +301,7 @@ class Scheduler(Outcomes):
         if found is not None:
             raise PoisonedError(found[0], found[1])
 
-    def _launch_first(self, replay: ReplayPlan) -> Fence | None:
+    def _launch_first(self, replay: ReplayPlan, now: float) -> Fence | None:
         """Launch a graph's first region before any bookkeeping, when nothing can come
         before it; `_admit` would issue it at once anyway.
 
@@ -321,7 +323,7 @@ class Scheduler(Outcomes):
         queue = replay.queues[0]
         if queue is None:
             queue = replay.queues[0] = provider.queue(key)  # type: ignore[attr-defined]
-        return self.watch.launch(queue, budget_us, program, (), None, replay.estimates[0])
+        return self.watch.launch(queue, budget_us, program, (), None, replay.estimates[0], now)
 
     def _refuse(self) -> None:
         if self.closed:
@@ -384,7 +386,7 @@ class Scheduler(Outcomes):
         Replays of work on one device therefore go to its queues at submit time, each
         behind device-side waits for what it follows, as a hand-written chain of streams
         and events would: nothing is left for `cancel()` to skip, and no lane task wakes."""
-        if isinstance(run.program, AsyncHostProgram | LaneHold):
+        if isinstance(run.program, _HOST_SIDE):
             return None
         if not run.deps:
             return _NO_WAITS
@@ -521,8 +523,8 @@ class Scheduler(Outcomes):
     def _launch(self, run: RegionRun, waits: Sequence[Fence]) -> None:
         """Hand `run` to its queue (device-side waits first) and follow its fence."""
         run.state = ISSUED
-        run.started_at = perf_counter()
-        index = run.plan.index
+        run.started_at = started = perf_counter()
+        index = run.index
         provider = run.provider
         budget = run.budget
         if budget <= 0.0 and run.clears:
@@ -542,6 +544,7 @@ class Scheduler(Outcomes):
                 waits,
                 run.preflight,
                 run.estimates[index],
+                started,
             )
         except BaseException as exc:
             self.finish(run, exc)

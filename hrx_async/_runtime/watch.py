@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+
+from .._core.clock import perf_counter
 
 if TYPE_CHECKING:
     from ..backends.base import Fence
 
-POLL_CAP_S = 0.001
+POLL_CAP_S: Final = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
-IDLE_GAP_S = 100e-6
+IDLE_GAP_S: Final = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
@@ -62,9 +63,11 @@ class QueueWatch:
         waits: Sequence[Fence],
         preflight: Callable[[], BaseException | None] | None,
         expected: float,
+        now: float,
     ) -> Fence:
         """Submit `program` to `queue`, then start watching the queue if it is a stream
-        (`budget_us` > 0) for about `expected` seconds, the region's learned duration.
+        (`budget_us` > 0) for about `expected` seconds, the region's learned duration, from
+        `now` (the caller's clock reading as it issued the region: one read per region).
 
         The launch comes first and the watch bookkeeping after it, which then overlaps
         the device's work instead of delaying it.
@@ -83,7 +86,7 @@ class QueueWatch:
         else:
             fence = queue.submit(program, waits, preflight)
         # An idle loop keeps sweeping until the region is overdue (see sweep).
-        deadline = perf_counter() + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
+        deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
         if newly_watched:
             watched[queue] = deadline
             self.schedule_tick()

@@ -28,9 +28,9 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections.abc import Callable, Sequence
-from time import perf_counter
 from typing import Any
 
+from .._core.clock import perf_counter
 from .._core.contract import KernelContract
 from .._core.dlpack import DLPACK_CPU
 from .._core.kernels import KernelSource

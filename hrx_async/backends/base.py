@@ -19,40 +19,10 @@ from .._core.kernels import GpuKernel, KernelSource, NpuKernel
 from .._core.lane import Lane, QueueKey
 from .._core.memory import Placement
 from .._core.ops import Op
+from .fence import Fence
 
 HostArray = Callable[[Any, int, int], np.ndarray[Any, np.dtype[np.uint8]]]
 """(storage, offset, nbytes) -> a uint8 numpy array over host-mapped storage, zero-copy."""
-
-
-class Fence(Protocol):
-    """A token that a submitted program has finished (successfully, failed or skipped).
-
-    `add_done_callback` callbacks may run on any thread; they must be quick and
-    thread-safe (the runtime hands them to the event loop).
-    """
-
-    started_at: float | None
-    finished_at: float | None
-
-    def query(self) -> bool:
-        """True once finished. Never blocks."""
-        ...
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block the calling thread (never the event loop) until finished or timeout."""
-        ...
-
-    def error(self) -> BaseException | None:
-        """The failure, once finished; None on success."""
-        ...
-
-    def skipped(self) -> bool:
-        """True when the program was cancelled before it started."""
-        ...
-
-    def add_done_callback(self, callback: Callable[[Fence], None]) -> None:
-        """Call `callback(fence)` once finished (at once if it already is)."""
-        ...
 
 
 class Program(Protocol):
