@@ -97,7 +97,11 @@ class StreamFence(Fence):
         return False
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        with self._track.lock:
+        # acquire/release, not `with`: compiled, a `with` looks up and calls the lock's
+        # __enter__ and __exit__, twice the cost, once per region.
+        lock = self._track.lock
+        lock.acquire()
+        try:
             if not self._done:
                 if self._callback is None:
                     self._callback = callback
@@ -106,6 +110,8 @@ class StreamFence(Fence):
                 else:
                     self._callbacks.append(callback)
                 return
+        finally:
+            lock.release()
         callback(self)
 
     def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
@@ -211,8 +217,12 @@ class StreamFences:
         were finished, whether any remain)."""
         if not self.pending:
             return 0, False
-        with self.lock:
+        lock = self.lock  # (not `with`: see StreamFence.add_done_callback)
+        lock.acquire()
+        try:
             finished = self._collect(None, None, limit)
+        finally:
+            lock.release()
         if finished is None:
             return 0, bool(self.pending)
         self.by_loop += len(finished)
