@@ -2,9 +2,10 @@
 
 `region(g, fn, reads=[(view, dtype, shape)], writes=[...])` records `fn(*arrays)` on the
 compute lane (through `Graph.external`), as `hrx_async.torch.region` does for PyTorch: on
-CUDA inside `cupy.cuda.ExternalStream` for the lane's stream, over CuPy arrays made once
-when the graph is prepared; on `sim` over numpy arrays sharing the runtime's memory
-(read-only for reads), so code written with `xp = cupy.get_array_module(x)` runs on both.
+CUDA on CuPy's stream over the lane's stream (`Stream.from_external`, or `ExternalStream`
+where CuPy lacks it), over CuPy arrays made once when the graph is prepared; on `sim` over
+numpy arrays sharing the runtime's memory (read-only for reads), so code written with
+`xp = cupy.get_array_module(x)` runs on both.
 
 Importing this module imports CuPy; without it, `BackendUnavailable` says what to
 install. `import hrx_async` never imports CuPy.
@@ -53,7 +54,7 @@ def region(
     them there.
 
     On CUDA, `fn` runs on the event loop's thread when the region is issued, inside the
-    region's device and `cupy.cuda.ExternalStream` for the lane's stream, over CuPy arrays
+    region's device and CuPy's stream over the lane's stream, over CuPy arrays
     made once when the graph is prepared. On `sim`, over numpy arrays sharing the runtime's
     memory, read-only for reads. An exception from `fn` fails the region with
     `ExecutionError` and poisons what it writes. (There is no captured form for CuPy.)
@@ -112,7 +113,7 @@ class CupyWork:
                     _shaped(cupy.from_dlpack(tensor), spec)
                     for tensor, spec in zip(tensors, self.specs, strict=True)
                 ]
-                lane = cupy.cuda.ExternalStream(stream, int(index))
+                lane = _lane_stream(stream, int(index))
         except HrxError:
             raise
         except Exception as exc:
@@ -124,6 +125,29 @@ class CupyWork:
                 return fn(*arrays)
 
         return run
+
+
+class _StreamHandle:
+    """A raw stream handle offered through the CUDA stream protocol (`__cuda_stream__`)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _lane_stream(handle: int, device: int) -> Any:
+    """CuPy's stream object over the lane's stream `handle` on `device` (made while that
+    device is current): `Stream.from_external` through the CUDA stream protocol where CuPy
+    has it (it deprecates `ExternalStream` in its favour, with a warning on every use), else
+    `ExternalStream`."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(handle, device)
+    return from_external(_StreamHandle(handle))
 
 
 def _shaped(raw: Any, spec: TypedView) -> Any:

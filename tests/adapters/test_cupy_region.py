@@ -4,6 +4,7 @@ is missing."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,37 @@ async def test_a_failing_region_fails_with_execution_error_and_poisons_its_write
         with pytest.raises(hrx.ExecutionError, match="broken-cupy"):
             await graph.prepare().submit()
         assert y.poison is not None and x.poison is None
+
+
+@pytest.mark.cuda
+async def test_fn_runs_on_the_lane_stream_and_the_callers_stream_comes_back() -> None:
+    """On CUDA, `fn` sees the lane's stream as CuPy's current stream on every replay, the
+    caller's is current again afterwards, and making CuPy's stream object warns of nothing
+    (CuPy deprecates `ExternalStream`, with a warning on every use)."""
+    needs_cupy_for("cuda")
+    async with hrx.Runtime(backend="cuda", npu=None) as rt:
+        x, y = rt.allocate(1024, hrx.GPU_LOCAL), rt.allocate(1024, hrx.GPU_LOCAL)
+        seen: list[int] = []
+
+        def add(source: Any, target: Any) -> None:
+            seen.append(cupy.cuda.get_current_stream().ptr)
+            cupy.add(source, 1, out=target)
+
+        graph = rt.graph("cupy-stream")
+        hrx_cupy.region(graph, add, reads=[(x.view(), "f4")], writes=[(y.view(), "f4")])
+        mine = cupy.cuda.Stream(non_blocking=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            prepared = graph.prepare()
+            await prepared.submit()
+            with mine:
+                await prepared.submit()
+                assert cupy.cuda.get_current_stream().ptr == mine.ptr
+        assert cupy.cuda.get_current_stream().ptr == cupy.cuda.Stream.null.ptr
+        assert len(seen) == 2 and seen[0] == seen[1]
+        assert seen[0] not in (cupy.cuda.Stream.null.ptr, mine.ptr)  # the lane's own stream
+        got = np.frombuffer(await read_bytes(rt, y), np.float32)
+        np.testing.assert_array_equal(got, np.ones(256, np.float32))
 
 
 async def test_bad_declarations_are_refused_and_record_nothing() -> None:
