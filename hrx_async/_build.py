@@ -24,6 +24,7 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.region",
     "hrx_async._runtime.region_owner",
     "hrx_async._runtime.replay",
+    "hrx_async._runtime.lane_task",
     "hrx_async._runtime.outcomes",
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",
@@ -33,8 +34,9 @@ COMPILED: tuple[str, ...] = (
     "hrx_async.backends.worker",
 )
 """The modules mypyc compiles when it can: the clock the others read, the replay path's
-admission, tracker, settling, fence sweeps and completions, the stream queues that launch
-each region, and the worker threads that run the sim backend's lanes and the host lane.
+admission, lane tasks, tracker, settling, fence sweeps and completions, the stream queues
+that launch each region, and the worker threads that run the sim backend's lanes and the
+host lane.
 Each must pass mypy --strict and the whole test suite compiled; none may be an entry point
 users call with unchecked arguments (compiled code raises TypeError for an argument of the
 wrong type, the public API ContractError).

@@ -1,18 +1,26 @@
-"""A lane's task and its queue: the regions of one lane, issued in FIFO order."""
+"""A lane's task and its queue: the regions of one lane, issued in FIFO order.
+
+Compiled (see `_build.COMPILED`): the scheduler reads a lane's queue and current region
+for every region it admits, natively so.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from typing import Protocol
 
 import anyio
 
 from .._core.lane import Lane
+from .completion import Signal
 from .region import RegionRun
 
 
 class Issuer(Protocol):
     """What a lane's task needs of the scheduler that starts it (`Scheduler.issue`)."""
+
+    asyncio_loop: asyncio.AbstractEventLoop | None
 
     async def issue(self, run: RegionRun) -> None: ...
 
@@ -24,16 +32,14 @@ class LaneRunner:
         self.scheduler = scheduler
         self.key = key
         self.items: collections.deque[RegionRun] = collections.deque()
-        self.wakeup: anyio.Event | None = None
+        self.wakeup: Signal | None = None
+        """What the idle task awaits (a `Signal`: compiled code must not await an
+        `anyio.Event`, see `Signal`)."""
         self.closing = False
         self.current: RegionRun | None = None
+        """The region this lane's task is issuing (it may be waiting for dependencies)."""
         self.held = False
         """A native stage runs with this lane to itself: nothing behind it may start."""
-        """The region this lane's task is issuing (it may be waiting for dependencies)."""
-
-    @property
-    def busy(self) -> bool:
-        return self.current is not None
 
     def push(self, run: RegionRun) -> None:
         self.items.append(run)
@@ -51,6 +57,7 @@ class LaneRunner:
         with anyio.CancelScope(shield=True):
             items = self.items
             issue = self.scheduler.issue
+            loop = self.scheduler.asyncio_loop
             issued = 0
             while True:
                 issued += 1
@@ -59,8 +66,8 @@ class LaneRunner:
                 if not items:
                     if self.closing:
                         return
-                    self.wakeup = anyio.Event()
-                    await self.wakeup.wait()
+                    wakeup = self.wakeup = Signal(loop)
+                    await wakeup
                     self.wakeup = None
                     continue
                 self.current = items.popleft()

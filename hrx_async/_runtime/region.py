@@ -202,6 +202,11 @@ class RegionRun:
             self.done_waiters.append(signal)
             await signal
 
+    def __call__(self, fence: Fence) -> None:
+        """A region is its fence's done callback (`Scheduler._attach` passes the region
+        itself): compiled, `run.on_fence` would make a bound method per region per replay."""
+        self.on_fence(fence)
+
     def on_fence(self, fence: Fence) -> None:
         if self.state >= DONE:
             return

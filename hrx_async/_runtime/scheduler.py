@@ -560,7 +560,7 @@ class Scheduler(Outcomes):
             run.issued_waiters = None
             for signal in waiters:
                 signal.set()
-        fence.add_done_callback(run.on_fence)
+        fence.add_done_callback(run)  # (calling a region is its `on_fence`)
 
     def _start_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
         """Run an `async def` host function as a task of its own.
