@@ -57,7 +57,7 @@ class StreamFence(Fence):
         self._error: BaseException | None = None
         self._thread_event: threading.Event | None = None
         self.issued_at = issued_at
-        self.started_at = None  # (not Fence.__init__: one call less per fence)
+        self.started_at = None
         self.finished_at = None
 
     @property

@@ -20,11 +20,11 @@ class Fence:
 
     __slots__ = ("finished_at", "started_at")
 
-    def __init__(self) -> None:
-        self.started_at: float | None = None
-        """When the program started, as far as the backend knows (perf_counter seconds)."""
-        self.finished_at: float | None = None
-        """When it was seen finished."""
+    # Set by each kind's own __init__ (no call up to a base initializer per fence).
+    started_at: float | None
+    """When the program started, as far as the backend knows (perf_counter seconds)."""
+    finished_at: float | None
+    """When it was seen finished."""
 
     def query(self) -> bool:
         """True once finished. Never blocks."""

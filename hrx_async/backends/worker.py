@@ -54,7 +54,7 @@ class ThreadFence(Fence):
         self._callbacks: list[Callable[[Any], None]] | None = None
         self._error: BaseException | None = None
         self._skipped = False
-        self.started_at = None  # (not Fence.__init__: one call less per fence)
+        self.started_at = None
         self.finished_at = None
 
     def query(self) -> bool:
