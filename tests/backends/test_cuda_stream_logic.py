@@ -54,6 +54,7 @@ class FakeStream:
             op = self.items.get()
             if op is None:
                 return
+            self.table.running.wait()
             if self.table.delay:
                 time.sleep(self.table.delay)
             try:
@@ -90,6 +91,9 @@ class HostTable:
         self.kernels: dict[str, tuple[list[int], Callable[[list[bytes]], None]]] = {}
         self.fault: BaseException | None = None
         self.delay = 0.0
+        self.running = threading.Event()
+        """Cleared, the device runs nothing until it is set again."""
+        self.running.set()
         self.calls: dict[str, int] = {}
 
     def _count(self, name: str) -> None:
@@ -812,16 +816,24 @@ async def test_watched_streams_finish_on_the_loop_without_a_thread(
 
 
 async def test_an_idle_loop_hands_overdue_work_to_the_waiter(host_table: HostTable) -> None:
-    host_table.delay = 0.06
     async with hrx.Runtime(backend="cuda") as rt:  # the fake table
         (prepared,) = _fill_graphs(rt, 1)
         scheduler = rt._scheduler_or_raise()
         posts = _count_posts(rt)
-        completion = prepared.submit()
-        assert scheduler.watch.watched
-        await anyio.sleep(0.03)  # far past the first replay's watch window (budget only)
-        assert not completion.done()
-        assert not scheduler.watch.watched  # the loop stopped spinning on it
+        host_table.running.clear()  # the fill does not finish until the loop has let go
+        try:
+            completion = prepared.submit()
+            assert scheduler.watch.watched
+            # The first replay's watch window is its budget alone (30 µs), and an idle loop's
+            # passes take microseconds: the hand-back comes within a millisecond. Waited for
+            # with a wide bound, as a machine that stalls the process for a while makes the
+            # loop's next passes look busy (gaps as long as the stall) until it is idle again.
+            with anyio.fail_after(5):
+                while scheduler.watch.watched:  # the loop stops spinning on it
+                    await anyio.sleep(0.001)
+            assert not completion.done()
+        finally:
+            host_table.running.set()
         await completion
         assert posts[0] == 1  # finished by the stream's waiter thread
 
