@@ -59,6 +59,7 @@ from .segments import (
     Piece,
     ReaderGroup,
     Readers,
+    Segment,
     frozen,
     holds,
     join_reader,
@@ -192,40 +193,74 @@ class AccessTracker(Generic[U]):
         """
         if start < 0 or end <= start:
             check_range(start, end)
+        deps: set[U] = set()
+        self._record(allocation, start, end, writes, user, deps, self._ranges(user))
+        deps.discard(user)
+        return deps
+
+    def record_all(self, accesses: tuple[tuple[Hashable, int, int, bool], ...], user: U) -> set[U]:
+        """`record` for each of `accesses` ((allocation, start, end, writes), in order) of
+        one user: what all of them must wait for, in one set (never `user` itself).
+
+        One call and one result per user (a region's accesses at submit), where a call
+        per access would make a set each. Every range is checked before any is
+        registered, so a `ContractError` changes nothing.
+        """
+        for _, start, end, _ in accesses:
+            if start < 0 or end <= start:
+                check_range(start, end)
+        deps: set[U] = set()
+        ranges = self._ranges(user)
+        for allocation, start, end, writes in accesses:
+            self._record(allocation, start, end, writes, user, deps, ranges)
+        deps.discard(user)
+        return deps
+
+    def _ranges(self, user: U) -> list[tuple[Allocation[U], int, int]]:
+        """The user's list of recorded ranges in the index (made on its first access)."""
+        ranges = self._index.get(user)
+        if ranges is None:
+            ranges = self._index[user] = []
+        return ranges
+
+    def _record(
+        self,
+        allocation: Hashable,
+        start: int,
+        end: int,
+        writes: bool,
+        user: U,
+        deps: set[U],
+        ranges: list[tuple[Allocation[U], int, int]],
+    ) -> None:
+        """Register one checked access, adding what it waits for to `deps` (which may come
+        to hold `user` itself: the callers discard it once) and its range to `ranges`, the
+        user's index entry."""
         alloc = self.allocations.get(allocation)
         if alloc is None:
             # Nothing pending on this allocation (the common case once earlier work is
             # forgotten): the access is the only segment and depends on nobody.
+            segment: Segment[U]
             if writes:
-                alloc = Allocation(allocation, start, (end, user, ()))
+                segment = (end, user, ())
             else:
                 g: ReaderGroup[U] = ReaderGroup()
                 g.members = {user}
                 g.refs = 1
                 g.fp = hash(user)
-                alloc = Allocation(allocation, start, (end, None, (g,)))
+                segment = (end, None, (g,))
+            alloc = Allocation(allocation, start, segment)
             self.allocations[allocation] = alloc
-            entry = (alloc, start, end)
-            ranges = self._index.get(user)
-            if ranges is None:
-                self._index[user] = [entry]
-            else:
-                ranges.append(entry)
-            return set()
+            ranges.append((alloc, start, end))
+            return
         # The index is updated before the segments, but nothing below can raise (barring
         # a user whose __eq__ or __hash__ raises), so there is no partial state to undo.
         alloc.pending += 1
-        entry = (alloc, start, end)
-        ranges = self._index.get(user)
-        if ranges is None:
-            self._index[user] = [entry]
-        else:
-            ranges.append(entry)
+        ranges.append((alloc, start, end))
 
         starts = alloc.starts
         rest = alloc.rest
         i = bisect_right(starts, start) - 1
-        deps: set[U] = set()
         seg_end, w, r = rest[i]  # (the last segment when i is -1: starts[-1] > start then)
         if starts[i] == start and seg_end == end:
             # Replay fast path: the access covers exactly one existing segment.
@@ -237,9 +272,7 @@ class AccessTracker(Generic[U]):
                         deps.update(g.members)
                         g.refs -= 1
                 elif w == user:
-                    deps.discard(user)
-                    return deps
-                deps.discard(user)
+                    return
                 # Touching neighbours merge when written by the same user and not read since.
                 if i + 1 < len(starts) and starts[i + 1] == end:
                     n_end, n_w, n_r = rest[i + 1]
@@ -253,9 +286,9 @@ class AccessTracker(Generic[U]):
                         rest[i - 1] = (end, user, ())
                         del starts[i]
                         del rest[i]
-                        return deps
+                        return
                 rest[i] = (end, user, ())
-                return deps
+                return
             if not r:
                 g = ReaderGroup()
                 g.members = {user}
@@ -266,20 +299,17 @@ class AccessTracker(Generic[U]):
                 g = r[0]
                 members = g.members
                 if user in members:
-                    deps.discard(user)
-                    return deps
+                    return
                 if g.refs == 1:
                     members.add(user)  # the segment's own group: joined in place
                     g.fp ^= hash(user)
                 else:
                     rest[i] = (end, w, (g, new_group(user, 1)))
             elif not join_reader(rest, i, user):
-                deps.discard(user)
-                return deps
-            deps.discard(user)
+                return
             if (i + 1 < len(starts) and starts[i + 1] == end) or (i and rest[i - 1][0] == start):
                 merge_around(alloc, i)
-            return deps
+            return
 
         if i < 0 or seg_end <= start:
             i += 1
@@ -299,13 +329,12 @@ class AccessTracker(Generic[U]):
                         deps.add(w)
                     if join_reader(rest, k, user):
                         changed = True
-                deps.discard(user)
                 if changed:
                     k = j - 1 if j < len(starts) else j - 2
                     while k >= i - 1 and k >= 0:
                         merge_after(alloc, k)
                         k -= 1
-                return deps
+                return
 
         pieces: list[Piece[U]] = []
         lo = i
@@ -359,8 +388,6 @@ class AccessTracker(Generic[U]):
             pieces.append((tail, e0, w0, r0))
             hi += 1
         splice(alloc, lo, hi, pieces)
-        deps.discard(user)
-        return deps
 
     def forget(self, user: U) -> None:
         """Retire `user` (it completed): nothing will depend on it any more.

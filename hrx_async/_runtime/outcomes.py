@@ -179,11 +179,16 @@ class Outcomes(RegionOwner):
     def wake_waiters(self, run: RegionRun) -> None:
         """`run` is final: release its dependencies, its followers and its waiters."""
         run.deps = ()
-        for waiters in (run.issued_waiters, run.done_waiters):
-            if waiters:
-                for signal in waiters:
-                    signal.set()
-        run.issued_waiters = run.done_waiters = None
+        waiters = run.issued_waiters
+        if waiters is not None:
+            run.issued_waiters = None
+            for signal in waiters:
+                signal.set()
+        waiters = run.done_waiters
+        if waiters is not None:
+            run.done_waiters = None
+            for signal in waiters:
+                signal.set()
         followers = run.followers
         if followers is not None:
             run.followers = None

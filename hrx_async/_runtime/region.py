@@ -71,6 +71,7 @@ class RegionRun:
         "expected",
         "fence",
         "followers",
+        "host_side",
         "index",
         "inputs",
         "issued_waiters",
@@ -98,8 +99,12 @@ class RegionRun:
         inputs: Sequence[Interval] | None = None,
         queues: list[Any] | None = None,
         budget: float = 0.0,
+        host_side: bool = False,
     ) -> None:
         self.submission = submission
+        self.host_side = host_side
+        """It runs on the host, not on a backend's queue (an `async def` host function or
+        a native stage): never issued with device-side waits."""
         self.budget = budget
         """Its provider's poll budget (µs): above 0, its queue is a watched device stream,
         which asks `preflight` as it launches."""

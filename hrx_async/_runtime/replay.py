@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.graph import GraphPlan, RegionPlan
 from .._core.intervals import Interval, read_before_written, written_whole
+from .host import AsyncHostProgram
 
 if TYPE_CHECKING:
     from .._core.lane import Lane
@@ -29,6 +30,7 @@ ReplayStep = tuple[
     tuple[Interval, ...],
     tuple[tuple[int, int, int], ...],
     float,
+    bool,
 ]
 """Per region, what admission needs (see `ReplayPlan.steps`)."""
 
@@ -74,6 +76,7 @@ class ReplayPlan:
                 read_before_written([plan.nodes[i] for i in region.nodes]),
                 coherent[region.index],
                 float(getattr(provider, "poll_budget_us", 0.0)),
+                isinstance(program, AsyncHostProgram),
             )
             for region, program, provider in zip(regions, programs, providers, strict=True)
         )
@@ -82,8 +85,9 @@ class ReplayPlan:
         buffers it writes whole (running it clears their poison), the bytes it reads
         before writing them itself (poisoned, they refuse it), its program's coherent reads
         (the byte ranges it syncs unless earlier regions of its lane wrote them last, see
-        `RegionRun.program_for_writers`) and its provider's poll budget (µs; above 0 for a
-        watched device stream)."""
+        `RegionRun.program_for_writers`), its provider's poll budget (µs; above 0 for a
+        watched device stream) and whether it runs on the host (an `async def` host
+        function: `RegionRun.host_side`)."""
         self.first_on_stream = self.steps[0][8] > 0
         """Its first region goes to a watched queue (a device stream): it may launch before
         the bookkeeping of its submission (`Scheduler.submit`)."""

@@ -67,9 +67,6 @@ if TYPE_CHECKING:
 
 
 _NO_WAITS: Final[tuple[Fence, ...]] = ()
-_HOST_SIDE: Final = (AsyncHostProgram, LaneHold)
-"""Programs that run on the host, not on a backend's queue (a tuple made once: the union
-`A | B` would be built again at every check)."""
 
 
 class Scheduler(Outcomes):
@@ -180,9 +177,8 @@ class Scheduler(Outcomes):
         runs = submission.runs
         queues = replay.queues
         launched = early is not None and not isinstance(early, BaseException)
-        for region, program, provider, key, accesses, clears, inputs, coherent, budget in (
-            replay.steps
-        ):
+        for step in replay.steps:
+            region, program, provider, key, accesses, clears, inputs, coherent, budget, host = step
             if launched:
                 # It runs already, so what it writes whole is no longer poisoned (nothing
                 # can have come between its launch and here).
@@ -193,18 +189,11 @@ class Scheduler(Outcomes):
                 clears = ()
             run = RegionRun(
                 submission, region, program, provider, estimates, key, clears, inputs, queues,
-                budget,
+                budget, host,
             )  # fmt: skip
             if coherent:  # its syncs depend on who wrote its inputs last
                 run.program = run.program_for_writers(tracker, coherent)
-            deps: set[object] | None = None
-            for ident, start, end, writes in accesses:
-                found = tracker.record(ident, start, end, writes, run)
-                if found:
-                    if deps is None:
-                        deps = found
-                    else:
-                        deps |= found
+            deps = tracker.record_all(accesses, run)
             if deps:
                 run.deps = tuple([dep for dep in deps if isinstance(dep, RegionRun)])
             runs.append(run)
@@ -251,7 +240,9 @@ class Scheduler(Outcomes):
         hold.older = [submission.completion for submission in self.unfinished]
         submission = Submission(self, label, ())
         plan = RegionPlan(0, key[0], (), (), (), (), 0, gpu=key[1])
-        submission.runs.append(RegionRun(submission, plan, hold, None, [0.0], key))
+        submission.runs.append(
+            RegionRun(submission, plan, hold, None, [0.0], key, host_side=True)
+        )
         submission.remaining = 1
         self.counters.submissions += 1
         self.live += 1
@@ -386,7 +377,7 @@ class Scheduler(Outcomes):
         Replays of work on one device therefore go to its queues at submit time, each
         behind device-side waits for what it follows, as a hand-written chain of streams
         and events would: nothing is left for `cancel()` to skip, and no lane task wakes."""
-        if isinstance(run.program, _HOST_SIDE):
+        if run.host_side:
             return None
         if not run.deps:
             return _NO_WAITS

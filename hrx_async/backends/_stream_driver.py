@@ -164,10 +164,18 @@ class DriverTable(Protocol):
     def describe(self, device: int) -> dict[str, Any]: ...
 
 
+class Lifetime:
+    """A token that lives exactly as long as the one object holding it: a weak reference to
+    it, or a finalizer on it, follows that object where the object's class is compiled and
+    takes no weak references itself (a stream backend's captured graphs)."""
+
+    __slots__ = ("__weakref__",)
+
+
 def quietly(call: Callable[..., Any], *args: Any) -> None:
     """Release calls during shutdown: a lost device makes them fail, and that is fine."""
     with contextlib.suppress(HrxError):
         call(*args)
 
 
-__all__ = ["DriverTable", "make_error", "quietly"]
+__all__ = ["DriverTable", "Lifetime", "make_error", "quietly"]

@@ -179,6 +179,8 @@ class StreamFences:
 
     def __init__(self, table: DriverTable, device: int, pool: EventPool, name: str) -> None:
         self.table = table
+        self._query_event = table.event_query
+        """Bound once: a sweep asks it of every fence it finishes (see `StreamQueue`)."""
         self.pool = pool
         self.lock = threading.Lock()
         self.pending: collections.deque[StreamFence] = collections.deque()
@@ -245,7 +247,7 @@ class StreamFences:
         common answer of a sweep while work runs, which then allocates nothing)."""
         finished: list[StreamFence] | None = None
         pending = self.pending
-        table = self.table
+        query_event = self._query_event
         now = 0.0
         while pending and limit:
             limit -= 1
@@ -257,7 +259,7 @@ class StreamFences:
                     error = head_error
                 else:
                     try:
-                        if not table.event_query(fence._event):
+                        if not query_event(fence._event):
                             break
                     except BackendError as exc:
                         error = exc

@@ -28,30 +28,50 @@ import numpy as np
 from .._core.contract import KernelContract
 from .._core.ops import enqueued_only
 from ..errors import ContractError
-from ._stream_driver import DriverTable
+from ._stream_driver import DriverTable, Lifetime
 
 POINTER_BYTES = 8
 
 
-class GraphProgram:
+class StreamProgram:
+    """What a stream queue launches for a region, once per replay.
+
+    A base class, not a protocol: the module is compiled, and the queue, compiled too,
+    then launches each region with a native call instead of a method looked up by name.
+    """
+
+    __slots__ = ("native_graph",)
+
+    native_graph: bool
+    """True when the region became one native graph launch."""
+
+    def launch(self, table: DriverTable, stream: Any) -> None:
+        """Enqueue the region's work on `stream`."""
+        raise NotImplementedError
+
+
+class GraphProgram(StreamProgram):
     """A region captured into one native graph, replayed with one launch."""
 
-    __slots__ = ("__weakref__", "graph_exec", "keepalive", "native_graph")
+    __slots__ = ("graph_exec", "keepalive", "lifetime")
 
     def __init__(self, graph_exec: Any, keepalive: tuple[Any, ...]) -> None:
         self.graph_exec = graph_exec
         self.keepalive = keepalive
         self.native_graph = True
+        self.lifetime = Lifetime()
+        """What the backend's finalizer of the native graph follows (a compiled class
+        takes no weak references)."""
 
     def launch(self, table: DriverTable, stream: Any) -> None:
         table.graph_launch(self.graph_exec, stream)
 
 
-class ExternalProgram:
+class ExternalProgram(StreamProgram):
     """A region of work another library issues: `fn(stream, tensors)` with the lane's raw
     stream handle, called where the region is launched (see `Graph.external`)."""
 
-    __slots__ = ("_handle", "_stream", "fn", "native_graph", "tensors")
+    __slots__ = ("_handle", "_stream", "fn", "tensors")
 
     def __init__(self, fn: Callable[..., Any], tensors: list[Any]) -> None:
         self.fn = fn
@@ -69,10 +89,10 @@ class ExternalProgram:
         enqueued_only(self.fn, self.fn(self._handle, self.tensors))
 
 
-class CopyProgram:
+class CopyProgram(StreamProgram):
     """A region of one copy, issued directly on its lane's stream."""
 
-    __slots__ = ("dst", "native_graph", "nbytes", "src")
+    __slots__ = ("dst", "nbytes", "src")
 
     def __init__(self, dst: int, src: int, nbytes: int) -> None:
         self.dst = dst
@@ -193,6 +213,7 @@ __all__ = [
     "GraphProgram",
     "KernelArguments",
     "NativeKernel",
+    "StreamProgram",
     "check_kernel_metadata",
     "constant_sizes",
 ]

@@ -217,6 +217,58 @@ def test_matches_byte_model(ops: list[tuple[object, ...]]) -> None:
         check_groups(tracker)
 
 
+@st.composite
+def region_op(draw: st.DrawFn) -> tuple[object, ...]:
+    """One user's accesses in order, as a region registers them at submit."""
+    accesses = []
+    for _ in range(draw(st.integers(0, 4))):
+        _, alloc, s, e, writes, _ = draw(record_op())
+        accesses.append((alloc, s, e, writes))
+    return ("record_all", tuple(accesses), draw(user))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(region_op(), region_op(), st.tuples(st.just("forget"), user)), max_size=40)
+)
+def test_record_all_is_records_in_order(ops: list[tuple[object, ...]]) -> None:
+    """A user's accesses registered in one call wait for what the same accesses recorded
+    one by one would, and leave the same state."""
+    tracker: AccessTracker[int] = AccessTracker()
+    model = ByteModel()
+    for step in ops:
+        if step[0] == "record_all":
+            _, accesses, u = step
+            assert isinstance(accesses, tuple) and isinstance(u, int)
+            expected: set[int] = set()
+            for alloc, s, e, writes in accesses:
+                expected |= model.record(alloc, s, e, writes, u)
+            assert tracker.record_all(accesses, u) == expected - {u}
+        else:
+            assert isinstance(step[1], int)
+            tracker.forget(step[1])
+            model.forget(step[1])
+        for a in ALLOCS:
+            segs = tracker.segments(a)
+            check_shape(segs)
+            assert expand(segs) == model.bytes[a]
+        assert tracker.users() == model.users()
+        check_groups(tracker)
+
+
+def test_record_all_with_a_bad_range_changes_nothing() -> None:
+    t: AccessTracker[int] = AccessTracker()
+    t.record("a", 0, 16, True, 1)
+    before = t.segments("a")
+    with pytest.raises(ContractError):
+        t.record_all((("a", 0, 8, False), ("b", 0, 8, True), ("a", 8, 8, True)), 2)
+    assert t.segments("a") == before
+    assert t.segments("b") == []
+    assert t.users() == {1}
+    t.forget(2)  # 2 must not have been indexed
+    assert t.segments("a") == before
+
+
 # One allocation, few users, long runs, ranges on a coarse grid so that they overlap and
 # touch often: reader groups are split, shared between pieces, emptied by `forget` through
 # one segment while other segments still refer to them, and merged back.
