@@ -17,6 +17,7 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._core.clock",
     "hrx_async._core.intervals",
     "hrx_async._core.counters",
+    "hrx_async._core.chains",
     "hrx_async._core.tracker",
     "hrx_async._core.segments",
     "hrx_async._runtime.completion",

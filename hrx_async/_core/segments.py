@@ -184,9 +184,9 @@ def frozen(readers: Readers[U]) -> frozenset[U]:
 
 
 class Allocation(Generic[U]):
-    """The segments of one allocation."""
+    """The segments of one allocation, or the mark of a replay chain's users on it."""
 
-    __slots__ = ("key", "pending", "rest", "starts")
+    __slots__ = ("chain", "key", "pending", "rest", "starts")
 
     def __init__(self, key: Hashable, start: int, segment: Segment[U]) -> None:
         """An allocation with its first segment, recorded by one index entry."""
@@ -194,12 +194,16 @@ class Allocation(Generic[U]):
         # Index entries naming this allocation that `forget` has not processed yet. Once
         # none is left every user that recorded an access here was forgotten, and the
         # allocation leaves the tracker; it is set to 0 when the allocation leaves for
-        # another reason, so that entries still naming it are skipped.
+        # another reason, so that entries still naming it are skipped. (A chain's mark:
+        # the chain's users not forgotten that access it.)
         self.pending = 1
         # Kept apart from `rest` so `bisect` works on plain ints (no key function calls).
         self.starts = [start]
         # (end, writer, readers) of the segment starting at the same index in `starts`.
         self.rest = [segment]
+        self.chain: object = None
+        """Set on a chain's mark, which has no segments: the `chains.ReplayChain` whose
+        users stand for them (typed `object`: that module builds on this one)."""
 
 
 def splice(alloc: Allocation[U], lo: int, hi: int, pieces: list[Piece[U]]) -> None:

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 
+from .chains import ChainReplay, ReplayChain
 from .intervals import check_range
 from .segments import (
     Allocation,
@@ -86,13 +87,16 @@ class AccessTracker(Generic[U]):
     that completed, and `drop_allocation` forgets a freed buffer.
     """
 
-    __slots__ = ("_index", "allocations")
+    __slots__ = ("_chained", "_index", "allocations")
 
     def __init__(self) -> None:
         self.allocations: dict[Hashable, Allocation[U]] = {}
         # user -> (allocation, start, end) of each access it recorded since it was last
         # forgotten: every segment the user can still appear in overlaps one of them.
         self._index: dict[U, list[tuple[Allocation[U], int, int]]] = {}
+        # user -> its chain, replay and region, for users registered by `record_chain`
+        # and not turned into segments since.
+        self._chained: dict[U, tuple[ReplayChain[U], ChainReplay[U], int]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -109,7 +113,7 @@ class AccessTracker(Generic[U]):
 
         Copies every reader set: meant for tests, debugging and assertions, not hot paths.
         """
-        alloc = self.allocations.get(allocation)
+        alloc = self._segmented(allocation)
         if alloc is None:
             return []
         return [(s, e, w, frozen(r)) for s, (e, w, r) in zip(alloc.starts, alloc.rest, strict=True)]
@@ -119,6 +123,9 @@ class AccessTracker(Generic[U]):
 
         Scans every segment: meant for tests, debugging and assertions, not hot paths.
         """
+        for alloc in list(self.allocations.values()):
+            if alloc.chain is not None:
+                self._materialize(cast("ReplayChain[U]", alloc.chain))
         found: set[U] = set()
         for alloc in self.allocations.values():
             for _, w, r in alloc.rest:
@@ -135,7 +142,7 @@ class AccessTracker(Generic[U]):
         accesses gets itself back; `record` never returns the recording user.
         """
         check_range(start, end)
-        alloc = self.allocations.get(allocation)
+        alloc = self._segmented(allocation)
         deps: set[U] = set()
         if alloc is None:
             return deps
@@ -162,7 +169,7 @@ class AccessTracker(Generic[U]):
         """
         if start < 0 or end <= start:
             check_range(start, end)
-        alloc = self.allocations.get(allocation)
+        alloc = self._segmented(allocation)
         if alloc is None:
             return {None}
         starts = alloc.starts
@@ -237,6 +244,9 @@ class AccessTracker(Generic[U]):
         to hold `user` itself: the callers discard it once) and its range to `ranges`, the
         user's index entry."""
         alloc = self.allocations.get(allocation)
+        if alloc is not None and alloc.chain is not None:
+            self._materialize(cast("ReplayChain[U]", alloc.chain))  # another user meets it
+            alloc = self.allocations.get(allocation)
         if alloc is None:
             # Nothing pending on this allocation (the common case once earlier work is
             # forgotten): the access is the only segment and depends on nobody.
@@ -396,9 +406,16 @@ class AccessTracker(Generic[U]):
         a writer or readers are dropped, and so are allocations left without segments.
         Forgetting an unknown user does nothing.
         """
-        ranges = self._index.pop(user, None)
+        # (get and del, not pop(user, None): compiled, those two are native calls.)
+        index = self._index
+        ranges = index.get(user)
         if ranges is None:
+            chained = self._chained.get(user)
+            if chained is not None:
+                del self._chained[user]
+                self._forget_chained(chained[0], chained[1], chained[2])
             return
+        del index[user]
         # Every segment the user is in overlaps one of its ranges, and all of them are
         # visited. Leaving a group only one segment refers to changes that segment alone,
         # checked for merging right away; but leaving a shared group changes the other
@@ -478,9 +495,94 @@ class AccessTracker(Generic[U]):
 
     def drop_allocation(self, allocation: Hashable) -> None:
         """Forget everything about a freed allocation. Unknown allocations are ignored."""
-        alloc = self.allocations.get(allocation)
+        alloc = self._segmented(allocation)
         if alloc is not None:
             self._remove(alloc)
+
+    # -- replay chains ---------------------------------------------------------------------
+
+    def record_chain(self, chain: ReplayChain[U], users: list[U]) -> list[tuple[U, ...]] | None:
+        """Register `users` (new to this tracker, one per region of `chain`'s pattern, in
+        order; the chain keeps the list) as the chain's next replay: per user, what it
+        waits for. None, changing
+        nothing, when some allocation of the pattern holds another user pending (register
+        them with `record_all` then, which takes the chain's pending users into account).
+
+        The same answers `record_all` would give, in constant steps per region.
+        """
+        allocations = self.allocations
+        marks = chain.marks
+        for slot, ident in enumerate(chain.idents):
+            found = allocations.get(ident)
+            if found is not None and found is not marks[slot]:
+                return None
+        replays = chain.replays
+        last = replays[-1] if replays else None
+        own = chain.own
+        previous = chain.previous
+        slots = chain.slots
+        replay: ChainReplay[U] = ChainReplay(users)
+        chained = self._chained
+        result: list[tuple[U, ...]] = []
+        for region, user in enumerate(users):
+            deps = [users[j] for j in own[region]]
+            if last is not None and last.left:
+                for j in previous[region]:
+                    if last.pending >> j & 1:
+                        deps.append(last.users[j])
+            result.append(tuple(deps))
+            chained[user] = (chain, replay, region)
+            for index in slots[region]:
+                mark = marks[index]
+                if not mark.pending:
+                    allocations[mark.key] = mark
+                mark.pending += 1
+        replays.append(replay)
+        return result
+
+    def _forget_chained(self, chain: ReplayChain[U], replay: ChainReplay[U], region: int) -> None:
+        replay.pending &= ~(1 << region)
+        replay.left -= 1
+        marks = chain.marks
+        for index in chain.slots[region]:
+            mark = marks[index]
+            mark.pending -= 1
+            if not mark.pending:
+                del self.allocations[mark.key]
+        replays = chain.replays
+        while replays and not replays[0].left:
+            del replays[0]
+
+    def _segmented(self, allocation: Hashable) -> Allocation[U] | None:
+        """The allocation's segments, a chain's users on it turned into segments first."""
+        alloc = self.allocations.get(allocation)
+        if alloc is not None and alloc.chain is not None:
+            self._materialize(cast("ReplayChain[U]", alloc.chain))
+            alloc = self.allocations.get(allocation)
+        return alloc
+
+    def _materialize(self, chain: ReplayChain[U]) -> None:
+        """Register the chain's users not forgotten as segments, oldest first, region by
+        region: the state registering each with `record_all` would have left, since a user
+        is forgotten only after every user it waits for (see `ReplayChain`). The chain
+        starts afresh after: its next replay waits for these through the segments."""
+        pending: list[tuple[U, int]] = []
+        for replay in chain.replays:
+            for region, user in enumerate(replay.users):
+                if replay.pending >> region & 1:
+                    pending.append((user, region))
+        chain.replays.clear()
+        for mark in chain.marks:
+            if mark.pending:
+                mark.pending = 0
+                del self.allocations[mark.key]
+        chained = self._chained
+        for user, region in pending:
+            del chained[user]
+            deps: set[U] = set()
+            ranges = self._ranges(user)
+            for allocation, start, end, writes in chain.pattern[region]:
+                self._record(allocation, start, end, writes, user, deps, ranges)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._core.chains import ReplayChain, replay_chain
 from .._core.graph import GraphPlan, RegionPlan
 from .._core.intervals import Interval, read_before_written, written_whole
+from .._core.tracker import AccessTracker
 from .host import AsyncHostProgram
 
 if TYPE_CHECKING:
@@ -88,6 +90,14 @@ class ReplayPlan:
         `RegionRun.program_for_writers`), its provider's poll budget (µs; above 0 for a
         watched device stream) and whether it runs on the host (an `async def` host
         function: `RegionRun.host_side`)."""
+        self.chain: ReplayChain[object] | None = None
+        """Its replays in the tracker as a chain (`ReplayChain`): each replay's regions are
+        registered in a few steps while nothing else is pending on its bytes. None when a
+        region's program depends on who wrote its inputs last (its coherent reads), which
+        asks the tracker's segments region by region."""
+        if not any(step[7] for step in self.steps):
+            pattern = tuple(step[4] for step in self.steps)
+            self.chain = replay_chain(pattern, AccessTracker())
         self.first_on_stream = self.steps[0][8] > 0
         """Its first region goes to a watched queue (a device stream): it may launch before
         the bookkeeping of its submission (`Scheduler.submit`)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import anyio
 import anyio.abc
@@ -63,7 +63,7 @@ from .watch import QueueWatch
 if TYPE_CHECKING:
     from .._core.memory import Buffer
     from ..backends.base import Fence
-    from .replay import ReplayPlan
+    from .replay import ByteAccess, ReplayPlan
 
 
 _NO_WAITS: Final[tuple[Fence, ...]] = ()
@@ -177,6 +177,7 @@ class Scheduler(Outcomes):
         runs = submission.runs
         queues = replay.queues
         launched = early is not None and not isinstance(early, BaseException)
+        chain = replay.chain
         for step in replay.steps:
             region, program, provider, key, accesses, clears, inputs, coherent, budget, host = step
             if launched:
@@ -191,12 +192,21 @@ class Scheduler(Outcomes):
                 submission, region, program, provider, estimates, key, clears, inputs, queues,
                 budget, host,
             )  # fmt: skip
-            if coherent:  # its syncs depend on who wrote its inputs last
-                run.program = run.program_for_writers(tracker, coherent)
-            deps = tracker.record_all(accesses, run)
-            if deps:
-                run.deps = tuple([dep for dep in deps if isinstance(dep, RegionRun)])
+            if chain is None:
+                if coherent:  # its syncs depend on who wrote its inputs last
+                    run.program = run.program_for_writers(tracker, coherent)
+                self._record(run, accesses)
             runs.append(run)
+        if chain is not None:
+            found = tracker.record_chain(chain, list(runs))
+            if found is None:  # other work is pending on its bytes
+                for index, run in enumerate(runs):
+                    self._record(run, replay.steps[index][4])
+            else:
+                for index, run in enumerate(runs):
+                    deps = found[index]
+                    if deps:
+                        run.deps = cast("tuple[RegionRun, ...]", deps)  # the chain's users
         submission.remaining = len(runs)
         self.counters.submissions += 1
         self.live += 1
@@ -211,6 +221,13 @@ class Scheduler(Outcomes):
                 self.expect_clears(run)
             self.waiting.append(submission)
         return submission.completion
+
+    def _record(self, run: RegionRun, accesses: tuple[ByteAccess, ...]) -> None:
+        """Register `run`'s byte-range accesses: it waits for the regions they conflict with
+        (other users of the tracker, host mappings and interop, are checked elsewhere)."""
+        deps = self.tracker.record_all(accesses, run)
+        if deps:
+            run.deps = tuple([dep for dep in deps if isinstance(dep, RegionRun)])
 
     def expect_clears(self, run: RegionRun) -> None:
         """Tell the poison book that `run` will write its `clears` whole, once it waits

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hrx_async._core.chains import ReplayChain, replay_chain
 from hrx_async._core.intervals import merge_intervals
 from hrx_async._core.tracker import AccessTracker
 from hrx_async.errors import ContractError
@@ -267,6 +268,100 @@ def test_record_all_with_a_bad_range_changes_nothing() -> None:
     assert t.users() == {1}
     t.forget(2)  # 2 must not have been indexed
     assert t.segments("a") == before
+
+
+# -- replay chains -------------------------------------------------------------------------
+
+
+@st.composite
+def chain_pattern(draw: st.DrawFn) -> tuple[tuple[tuple[Hashable, int, int, bool], ...], ...]:
+    regions = []
+    for _ in range(draw(st.integers(1, 4))):
+        accesses = []
+        for _ in range(draw(st.integers(0, 3))):
+            _, alloc, s, e, writes, _ = draw(record_op())
+            accesses.append((alloc, s, e, writes))
+        regions.append(tuple(accesses))
+    return tuple(regions)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(chain_pattern(), min_size=1, max_size=2),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1, max_size=50),
+)
+def test_chains_wait_for_what_records_would(
+    patterns: list[tuple[tuple[tuple[Hashable, int, int, bool], ...], ...]],
+    steps: list[tuple[int, int]],
+) -> None:
+    """Replays registered through chains wait for exactly what the same replays registered
+    region by region would, among themselves and with other users' accesses in between,
+    when users are forgotten as the runtime does (only after everything they wait for),
+    and the state they leave, once turned into segments, is the same."""
+    chained: AccessTracker[int] = AccessTracker()
+    plain: AccessTracker[int] = AccessTracker()
+    chains = [replay_chain(p, AccessTracker()) for p in patterns]
+    waits: dict[int, set[int]] = {}  # every user, and what it waits for
+    pending: list[int] = []
+    forgotten: set[int] = set()
+    for kind, pick in steps:
+        if kind <= 2:  # a replay of a pattern
+            index = pick % len(patterns)
+            pattern = patterns[index]
+            users = list(range(len(waits), len(waits) + len(pattern)))
+            got = chained.record_chain(chains[index], users)
+            if got is None:
+                got = [tuple(chained.record_all(a, u)) for a, u in zip(pattern, users, strict=True)]
+            for accesses, u, deps in zip(pattern, users, got, strict=True):
+                expected = plain.record_all(accesses, u)
+                assert set(deps) == expected
+                waits[u] = expected
+                pending.append(u)
+        elif kind == 3:  # another user's access
+            alloc = ALLOCS[pick % len(ALLOCS)]
+            s, e, writes = pick % (SIZE - 1), SIZE, pick % 2 == 0
+            u = len(waits)
+            expected = plain.record(alloc, s, e, writes, u)
+            assert chained.record(alloc, s, e, writes, u) == expected
+            waits[u] = expected
+            pending.append(u)
+        else:  # forget a user whose waits are all forgotten
+            ready = [u for u in pending if waits[u] <= forgotten]
+            if ready:
+                u = ready[pick % len(ready)]
+                pending.remove(u)
+                forgotten.add(u)
+                chained.forget(u)
+                plain.forget(u)
+        for a in ALLOCS:
+            assert chained.untouched(a) == plain.untouched(a)
+        assert len(chained) == len(plain)
+    for a in ALLOCS:
+        segs = chained.segments(a)
+        check_shape(segs)
+        assert expand(segs) == expand(plain.segments(a))
+    assert chained.users() == plain.users()
+    check_groups(chained)
+
+
+def test_a_chain_replay_waits_for_the_replay_before() -> None:
+    t: AccessTracker[str] = AccessTracker()
+    chain: ReplayChain[str] = replay_chain(
+        ((("in", 0, 8, False), ("mid", 0, 8, True)), (("mid", 0, 8, False), ("out", 0, 8, True))),
+        AccessTracker(),
+    )
+    assert t.record_chain(chain, ["a0", "a1"]) == [(), ("a0",)]
+    assert t.record_chain(chain, ["b0", "b1"]) == [("a0", "a1"), ("b0", "a1")]
+    t.forget("a0")
+    t.forget("a1")
+    assert t.record_chain(chain, ["c0", "c1"]) == [("b0", "b1"), ("c0", "b1")]
+    assert t.record("out", 0, 4, False, "reader") == {"c1"}  # the chain's users in segments
+    assert t.record_chain(chain, ["d0", "d1"]) is None  # another user is pending on "out"
+    assert t.record_all((("in", 0, 8, False), ("mid", 0, 8, True)), "d0") == {"c0", "c1"}
+    for user in ("b0", "b1", "c0", "c1", "reader", "d0"):
+        t.forget(user)
+    assert len(t) == 0
+    assert t.record_chain(chain, ["e0", "e1"]) == [(), ("e0",)]
 
 
 # One allocation, few users, long runs, ranges on a coarse grid so that they overlap and
