@@ -183,6 +183,16 @@ op = st.one_of(
 )
 
 
+def matches_model(tracker: AccessTracker[int], model: ByteModel) -> None:
+    """Every allocation's segments are well formed and hold the model's bytes."""
+    for a in ALLOCS:
+        segs = tracker.segments(a)
+        check_shape(segs)
+        assert expand(segs) == model.bytes[a]
+    assert tracker.users() == model.users()
+    check_groups(tracker)
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(op, max_size=60))
 def test_matches_byte_model(ops: list[tuple[object, ...]]) -> None:
@@ -209,13 +219,8 @@ def test_matches_byte_model(ops: list[tuple[object, ...]]) -> None:
             assert isinstance(step[1], Hashable)
             tracker.drop_allocation(step[1])
             model.drop(step[1])
-        for a in ALLOCS:
-            segs = tracker.segments(a)
-            check_shape(segs)
-            assert expand(segs) == model.bytes[a]
-        assert tracker.users() == model.users()
+        matches_model(tracker, model)
         assert len(tracker) == model.live_allocations()
-        check_groups(tracker)
 
 
 @st.composite
@@ -249,12 +254,7 @@ def test_record_all_is_records_in_order(ops: list[tuple[object, ...]]) -> None:
             assert isinstance(step[1], int)
             tracker.forget(step[1])
             model.forget(step[1])
-        for a in ALLOCS:
-            segs = tracker.segments(a)
-            check_shape(segs)
-            assert expand(segs) == model.bytes[a]
-        assert tracker.users() == model.users()
-        check_groups(tracker)
+        matches_model(tracker, model)
 
 
 def test_record_all_with_a_bad_range_changes_nothing() -> None:
