@@ -198,12 +198,7 @@ class AccessTracker(Generic[U]):
         Returns the users this access must wait for (never `user` itself). Raises
         `ContractError`, changing nothing, unless ``0 <= start < end``.
         """
-        if start < 0 or end <= start:
-            check_range(start, end)
-        deps: set[U] = set()
-        self._record(allocation, start, end, writes, user, deps, self._ranges(user))
-        deps.discard(user)
-        return deps
+        return self.record_all(((allocation, start, end, writes),), user)
 
     def record_all(self, accesses: tuple[tuple[Hashable, int, int, bool], ...], user: U) -> set[U]:
         """`record` for each of `accesses` ((allocation, start, end, writes), in order) of
@@ -243,10 +238,7 @@ class AccessTracker(Generic[U]):
         """Register one checked access, adding what it waits for to `deps` (which may come
         to hold `user` itself: the callers discard it once) and its range to `ranges`, the
         user's index entry."""
-        alloc = self.allocations.get(allocation)
-        if alloc is not None and alloc.chain is not None:
-            self._materialize(cast("ReplayChain[U]", alloc.chain))  # another user meets it
-            alloc = self.allocations.get(allocation)
+        alloc = self._segmented(allocation)  # (another user meets a chain's users here)
         if alloc is None:
             # Nothing pending on this allocation (the common case once earlier work is
             # forgotten): the access is the only segment and depends on nobody.
@@ -504,9 +496,9 @@ class AccessTracker(Generic[U]):
     def record_chain(self, chain: ReplayChain[U], users: list[U]) -> list[tuple[U, ...]] | None:
         """Register `users` (new to this tracker, one per region of `chain`'s pattern, in
         order; the chain keeps the list) as the chain's next replay: per user, what it
-        waits for. None, changing
-        nothing, when some allocation of the pattern holds another user pending (register
-        them with `record_all` then, which takes the chain's pending users into account).
+        waits for. None, changing nothing, when some allocation of the pattern holds
+        another user pending (register them with `record_all` then, which takes the
+        chain's pending users into account).
 
         The same answers `record_all` would give, in constant steps per region.
         """
@@ -579,10 +571,7 @@ class AccessTracker(Generic[U]):
         chained = self._chained
         for user, region in pending:
             del chained[user]
-            deps: set[U] = set()
-            ranges = self._ranges(user)
-            for allocation, start, end, writes in chain.pattern[region]:
-                self._record(allocation, start, end, writes, user, deps, ranges)
+            self.record_all(chain.pattern[region], user)
 
     # -- internals -------------------------------------------------------------------------
 
