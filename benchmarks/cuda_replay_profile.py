@@ -9,6 +9,13 @@ a compiled build, compiled functions do not appear on their own: their time is c
 the interpreted function that called them (`Scheduler.submit` holds admission, the awaiting
 coroutine the settling).
 
+`--count` counts instead of profiling, per replay: each driver call the runtime makes (the
+table's methods, wrapped before the runtime opens; `event_query` split by its answer) and
+the loop's passes (asyncio: the selector's `select` calls; trio: `before_io_wait`), to see
+how many queries of unfinished work and loop iterations a replay costs:
+
+    python benchmarks/cuda_replay_profile.py --count [--loop trio] [--only window8]
+
 `--sample-seconds S --only NAME` runs one workload unprofiled for S seconds instead, for a
 native sampling profiler outside the process, which does see compiled code and the driver
 (`native_profile_summary.py` reads what py-spy records):
@@ -22,21 +29,78 @@ native sampling profiler outside the process, which does see compiled code and t
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import cProfile
+import functools
 import io
 import pstats
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 from cuda_common import mix_replay
 
 import hrx_async as hrx
 
+COUNTED = (
+    "graph_launch",
+    "event_record",
+    "event_query",
+    "stream_wait_event",
+    "memcpy_async",
+    "memset_async",
+    "event_synchronize",
+)
+"""The driver table's calls a replay can make (`--count`)."""
+
+
+def count_driver_calls(counts: collections.Counter[str]) -> None:
+    """Wrap the CUDA driver table's per-replay calls so each one counts itself."""
+    from hrx_async.backends.cuda import CudaTable
+
+    def counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(call)
+        def wrapper(*args: Any) -> Any:
+            result = call(*args)
+            counts[name if name != "event_query" else f"event_query:{bool(result)}"] += 1
+            return result
+
+        return wrapper
+
+    for name in COUNTED:
+        setattr(CudaTable, name, counted(name, getattr(CudaTable, name)))
+
+
+def count_loop_passes(counts: collections.Counter[str], loop: str) -> None:
+    if loop == "trio":
+        import trio
+
+        class Passes(trio.abc.Instrument):
+            def before_io_wait(self, timeout: float) -> None:
+                counts["loop_pass"] += 1
+
+        trio.lowlevel.add_instrument(Passes())
+        return
+    selector = getattr(asyncio.get_running_loop(), "_selector", None)
+    if selector is not None:
+        select = selector.select
+
+        def counting(timeout: float | None = None) -> Any:
+            counts["loop_pass"] += 1
+            return select(timeout)
+
+        selector.select = counting
+
 
 async def main(args: argparse.Namespace) -> None:
     n = args.replays
+    counts: collections.Counter[str] = collections.Counter()
+    if args.count:
+        count_driver_calls(counts)
+        count_loop_passes(counts, args.loop)
     async with hrx.Runtime(backend="cuda", npu=None, max_submissions=64) as rt:
         pipeline, _, _ = mix_replay(rt, 64 << 10, "pipeline")
         target = rt.allocate(4096, hrx.GPU_LOCAL)
@@ -78,6 +142,13 @@ async def main(args: argparse.Namespace) -> None:
                 elapsed_us = (time.perf_counter() - started) / replays * 1e6
                 print(f"== {name}: {elapsed_us:.1f} us/replay over {replays} replays")
                 continue
+            if args.count:
+                await workload(500)
+                counts.clear()
+                await workload(n)
+                per = {key: round(value / n, 2) for key, value in sorted(counts.items())}
+                print(f"== {name} ({args.loop}): per replay {per}")
+                continue
             await workload(500)
             started = time.perf_counter()
             await workload(n)
@@ -105,6 +176,9 @@ if __name__ == "__main__":
         type=float,
         default=0.0,
         help="run the workloads unprofiled this long each, for an outside sampler",
+    )
+    options.add_argument(
+        "--count", action="store_true", help="count driver calls and loop passes per replay"
     )
     parsed = options.parse_args()
     anyio.run(main, parsed, backend=parsed.loop)

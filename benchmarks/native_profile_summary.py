@@ -2,8 +2,9 @@
 
 `py-spy record --native -f raw` writes one line per distinct stack: frames from the
 outermost, separated by ';', then the number of samples. This keeps the samples taken
-while the event loop ran a replay workload (stacks through `BaseEventLoop._run_once`,
-without the runtime's start-up, graph preparation and shutdown) and charges each to the
+while the event loop ran a replay workload (stacks through asyncio's
+`BaseEventLoop._run_once` or trio's `unrolled_run`, without the runtime's start-up,
+graph preparation and shutdown) and charges each to the
 deepest frame of the runtime or of the program's own Python above any driver call: a
 compiled function (mypyc's `CPyDef_module___Class___method`), or a Python function. A
 sample inside the CUDA driver or cuda-bindings counts as "driver" under the function that
@@ -20,6 +21,8 @@ import re
 
 SETUP = ("__aenter__", "__aexit__", "mix_replay", "Graph.prepare", "load_gpu_kernel")
 """Frames of work that is not the replays: opening, preparing, closing."""
+LOOP_FRAMES = ("BaseEventLoop._run_once", "unrolled_run")
+"""An event loop's pass: asyncio's, and trio's run loop."""
 DRIVER = ("libcuda", "cyruntime", "cydriver", "bindings/", "runtime.cpython")
 """Frames inside the CUDA driver or cuda-bindings."""
 
@@ -42,9 +45,7 @@ def summarize(path: str) -> tuple[int, collections.Counter[tuple[str, bool]]]:
         for line in lines:
             stack, count = line.rsplit(" ", 1)
             frames = stack.split(";")
-            loop = [
-                i for i, frame in enumerate(frames) if frame.startswith("BaseEventLoop._run_once")
-            ]
+            loop = [i for i, frame in enumerate(frames) if frame.startswith(LOOP_FRAMES)]
             if not loop or any(word in stack for word in SETUP):
                 continue
             frames = frames[loop[0] :]

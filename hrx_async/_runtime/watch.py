@@ -120,16 +120,20 @@ class QueueWatch:
         if budget <= 0:
             return
         watched = self.watched
-        for queue, deadline in list(watched.items()):
+        # The queue watched last first: work chained across queues is usually launched in
+        # its order, and a fence finished downstream finishes what it waited for upstream
+        # without a query there (a stream backend's fences prove what they waited for).
+        for queue, deadline in list(reversed(watched.items())):
             finished, remaining = queue.sweep(budget)
             budget -= finished
             if not remaining or (idle and now > deadline):
                 del watched[queue]
                 queue.unwatch()
             if budget <= 0:
-                if queue in watched:  # the others get the first turn next pass
+                if queue in watched and len(watched) > 1:
+                    # The others get the first turn next pass: it moves to the far end.
                     del watched[queue]
-                    watched[queue] = deadline
+                    self.watched = {queue: deadline, **watched}
                 break
         self.sweep_budget = budget
 

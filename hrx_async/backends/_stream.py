@@ -42,7 +42,7 @@ from ._stream_driver import (
     DriverTable,
     quietly,
 )
-from ._stream_fences import EventPool, StreamFence, StreamFences, finished_fence
+from ._stream_fences import EventPool, Implied, StreamFence, StreamFences, finished_fence
 from ._stream_memory import ByteArray, NativeStorage, device_address
 from ._stream_programs import (
     CopyProgram,
@@ -90,20 +90,22 @@ class StreamQueue:
         table = self._table
         stream = self.stream
         issued_at = perf_counter()
+        implies: Implied = None
         try:
             if waits:
-                self._wait_for(waits)
+                implies = self._wait_for(waits)
             program.launch(table, stream)
             event = self._pool.take()
             self._record_event(event, stream)
         except BackendError as exc:
             return finished_fence(exc)
-        fence = StreamFence(self.fences, event, issued_at)
+        fence = StreamFence(self.fences, event, issued_at, implies)
         self.fences.add(fence)
         return fence
 
-    def _wait_for(self, waits: Sequence[Fence]) -> None:
-        """Make the stream wait for `waits` on the device, with as few waits as order allows.
+    def _wait_for(self, waits: Sequence[Fence]) -> Implied:
+        """Make the stream wait for `waits` on the device, with as few waits as order allows;
+        the fences it waited for (what the fence recorded next proves finished).
 
         A stream runs in issue order, so a fence of this stream needs no wait, and of the
         fences of another stream only the latest one does (a wait costs a driver call, and
@@ -119,7 +121,8 @@ class StreamQueue:
                 event = fence.pending_event()
                 if event is not None:
                     wait_event(stream, event)
-            return
+                    return fence
+            return None
         latest: dict[StreamFences, StreamFence] = {}
         for fence in waits:
             if isinstance(fence, StreamFence):
@@ -128,10 +131,13 @@ class StreamQueue:
                     known = latest.get(track)
                     if known is None or fence.sequence > known.sequence:
                         latest[track] = fence
+        waited: list[StreamFence] = []
         for fence in latest.values():
             event = fence.pending_event()
             if event is not None:
                 wait_event(stream, event)
+                waited.append(fence)
+        return waited or None
 
     def close(self) -> None:
         """Streams are owned and destroyed by the backend."""
@@ -496,6 +502,7 @@ class StreamBackend:
         # (after a stream was handed back); a latency-bound service wants the first.
         info["fences_finished_by_loop"] = sum(f.by_loop for f in fences)
         info["fences_finished_by_waiter"] = sum(f.by_waiter for f in fences)
+        info["fences_finished_by_proof"] = sum(f.by_proof for f in fences)
         return info
 
     def close(self) -> None:

@@ -8,6 +8,13 @@ a Python-owned waiter thread (`FenceWaiter`) blocks in the native event wait on
 the oldest unfinished fence and finishes every completed one in one batch. No
 Python callable is ever handed to the driver.
 
+A finished fence also proves the fences its stream waited for on the device
+(`StreamFence.implies`: the stream could not pass those waits before they
+finished), and through them what those waited for: they finish with it, without
+a query of their own. Sweeping the most recently launched stream first (see
+`watch.QueueWatch.sweep`) then finishes a replay of work chained across streams
+with one query.
+
 Threads: fences are issued from one thread (the event loop's) and finish on
 that thread or on waiter threads. Events are pooled (`EventPool`): only the
 submitting thread re-records an event, and an event goes back to the pool only
@@ -20,13 +27,16 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 from .._core.clock import perf_counter
 from ..errors import BackendError, Cancelled
 from ._stream_driver import DriverTable, quietly
 from .fence import Fence
 from .worker import ThreadFence
+
+Implied = Union["StreamFence", list["StreamFence"], None]
+"""What a fence proves finished once it finished (`StreamFence.implies`)."""
 
 
 class StreamFence(Fence):
@@ -40,12 +50,19 @@ class StreamFence(Fence):
         "_event",
         "_thread_event",
         "_track",
+        "implies",
         "issued_at",
         "sequence",
     )
 
-    def __init__(self, track: StreamFences, event: Any, issued_at: float) -> None:
+    def __init__(
+        self, track: StreamFences, event: Any, issued_at: float, implies: Implied = None
+    ) -> None:
         self._track = track
+        self.implies = implies
+        """The fences of other streams its stream waited for before its program (one, a
+        list, or None): finished, it proves them finished. Dropped by whoever finishes it,
+        so a fence never keeps finished ones alive."""
         self.sequence = 0
         """Its place in its stream's issue order (set by `StreamFences.add`)."""
         self._event = event
@@ -195,6 +212,9 @@ class StreamFences:
         """Fences the event loop's sweeps finished (a short wait, no thread hop)."""
         self.by_waiter = 0
         """Fences the waiter thread finished (the loop had handed the stream back)."""
+        self.by_proof = 0
+        """Fences finished with no query or wait of their own: a later fence of another
+        stream that waited for them finished (see `StreamFence.implies`)."""
         self._waiter = FenceWaiter(self, device, name)
 
     def add(self, fence: StreamFence) -> None:
@@ -228,8 +248,20 @@ class StreamFences:
         if finished is None:
             return 0, bool(self.pending)
         self.by_loop += len(finished)
-        _run_callbacks(finished)
-        return len(finished), bool(self.pending)
+        return _finish(finished), bool(self.pending)
+
+    def finish_through(self, fence: StreamFence) -> list[StreamFence] | None:
+        """`fence` is known finished (a later fence that waited for it finished): finish
+        it and every fence before it, without queries; those it finished now."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            finished = self._collect(None, None, -1, fence.sequence)
+        finally:
+            lock.release()
+        if finished is not None:
+            self.by_proof += len(finished)
+        return finished
 
     def finish_early(self, fence: StreamFence, error: BaseException | None) -> None:
         """`fence` was found complete out of order; it leaves the deque at the next sweep."""
@@ -237,14 +269,21 @@ class StreamFences:
             if fence._done:
                 return
             fence._mark(error, fence.issued_at, perf_counter())
-        _run_fence_callbacks(fence)
+        _finish([fence])
 
     def _collect(
-        self, head: StreamFence | None, head_error: BaseException | None, limit: int = -1
+        self,
+        head: StreamFence | None,
+        head_error: BaseException | None,
+        limit: int = -1,
+        through: int = 0,
     ) -> list[StreamFence] | None:
         """Under the lock: pop and finish completed fences (`head` is known complete), at
         most `limit` of them when it is positive; those it finished now (None if none: the
-        common answer of a sweep while work runs, which then allocates nothing)."""
+        common answer of a sweep while work runs, which then allocates nothing).
+
+        With `through` (a sequence number), the fences up to it are known complete and
+        it stops there: nothing after them is asked."""
         finished: list[StreamFence] | None = None
         pending = self.pending
         query_event = self._query_event
@@ -255,7 +294,10 @@ class StreamFences:
             marked = False
             if not fence._done:
                 error: BaseException | None = None
-                if fence is head:
+                if through:
+                    if fence.sequence > through:
+                        break
+                elif fence is head:
                     error = head_error
                 else:
                     try:
@@ -294,7 +336,7 @@ class StreamFences:
             self._waiting_on = head
         if finished is not None:
             self.by_waiter += len(finished)
-            _run_callbacks(finished)
+            _finish(finished)
         return head
 
     def waited(self, head: StreamFence, error: BaseException | None) -> None:
@@ -307,15 +349,52 @@ class StreamFences:
             finished = self._collect(head, error)
         if finished is not None:
             self.by_waiter += len(finished)
-            _run_callbacks(finished)
+            _finish(finished)
 
     def close(self) -> None:
         self._waiter.close()
 
 
-def _run_callbacks(finished: list[StreamFence]) -> None:
+def _finish(finished: list[StreamFence]) -> int:
+    """After `finished` were marked (by the caller, outside every lock): finish what they
+    prove, then run their callbacks, the proven fences' first (what a region follows then
+    settles before it, as it would have been swept first). How many finished in all."""
+    count = len(finished) + _finish_implied(finished)
     for fence in finished:
         _run_fence_callbacks(fence)
+    return count
+
+
+def _finish_implied(finished: list[StreamFence]) -> int:
+    """Finish the fences `finished` prove (`StreamFence.implies`) and, through them, what
+    those prove; how many that finished. The newest first: finishing through one fence
+    of a stream finishes the older ones of that stream with it."""
+    count = 0
+    index = len(finished)
+    while index:
+        index -= 1
+        fence = finished[index]
+        implies = fence.implies
+        if implies is None:
+            continue
+        fence.implies = None
+        if fence._error is not None:
+            continue  # a failed fence proves nothing about what it waited for
+        if isinstance(implies, StreamFence):
+            count += _finish_proven(implies)
+        else:
+            for proven in implies:
+                count += _finish_proven(proven)
+    return count
+
+
+def _finish_proven(fence: StreamFence) -> int:
+    if fence._done:
+        return 0
+    proven = fence._track.finish_through(fence)
+    if proven is None:
+        return 0
+    return _finish(proven)
 
 
 def _run_fence_callbacks(fence: StreamFence) -> None:
@@ -381,4 +460,11 @@ class FenceWaiter:
             track.waited(head, error)
 
 
-__all__ = ["EventPool", "FenceWaiter", "StreamFence", "StreamFences", "finished_fence"]
+__all__ = [
+    "EventPool",
+    "FenceWaiter",
+    "Implied",
+    "StreamFence",
+    "StreamFences",
+    "finished_fence",
+]

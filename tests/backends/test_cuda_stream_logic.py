@@ -861,6 +861,48 @@ async def test_a_busy_loop_keeps_sweeping_overdue_work(host_table: HostTable) ->
         await completion
 
 
+async def test_a_finished_fence_finishes_what_its_stream_waited_for(
+    host_table: HostTable,
+) -> None:
+    """A stream passes a device-side wait only once what it waited for has finished, so a
+    replay chained over three streams (upload, kernel, download) finishes with one query:
+    the loop sweeps the stream launched last first, and its fence proves the other two."""
+    _instant_device(host_table)
+    instant = host_table.event_query
+    queries: list[Any] = []
+
+    def counted(event: Any) -> bool:
+        queries.append(event)
+        return instant(event)
+
+    host_table.event_query = counted  # type: ignore[method-assign]
+    n = 256
+    async with hrx.Runtime(backend="cuda", max_submissions=16) as rt:  # the fake table
+        host_in = rt.allocate(n * 4, hrx.HOST_VISIBLE)
+        host_out = rt.allocate(n * 4, hrx.HOST_VISIBLE)
+        x = rt.allocate(n * 4, hrx.GPU_LOCAL)
+        y = rt.allocate(n * 4, hrx.GPU_LOCAL)
+        async with host_in.map_write() as memory:
+            np.frombuffer(memory, np.int32)[:] = np.arange(n)
+        graph = rt.graph("chain")
+        graph.copy(x.view(), host_in.view())
+        graph.gpu(_affine_kernel(rt, n), [x.view(), y.view()])
+        graph.copy(host_out.view(), y.view())
+        prepared = graph.prepare()
+        backend = rt._backend_or_raise()
+        for in_flight in (8, 1):
+            proven = backend.describe()["fences_finished_by_proof"]
+            queries.clear()
+            for _ in range(24 // in_flight):
+                completions = [prepared.submit() for _ in range(in_flight)]
+                for completion in completions:
+                    await completion
+            assert len(queries) == 24  # one per replay: its download's
+            assert backend.describe()["fences_finished_by_proof"] - proven == 2 * 24
+        async with host_out.map_read() as memory:
+            assert np.array_equal(np.frombuffer(memory, np.int32), np.arange(n) * 3 + 7)
+
+
 async def test_one_loop_pass_finishes_a_bounded_number_of_fences(
     host_table: HostTable, anyio_backend: str
 ) -> None:
