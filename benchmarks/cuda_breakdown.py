@@ -53,14 +53,14 @@ PHASES = (
 async def measure(
     rt: hrx.Runtime, direct: Direct, nbytes: int, copy: bool, samples: int
 ) -> dict[str, Any]:
-    table = rt._backend_or_raise().table  # type: ignore[attr-defined]
-    launch = table.graph_launch
+    calls = rt._backend_or_raise().table.replay_calls  # type: ignore[attr-defined]
+    launch = calls.graph_launch_call
 
-    def stamped_launch(graph_exec: Any, stream: Any) -> None:
+    def stamped_launch(graph_exec: Any, stream: Any) -> Any:
         STAMPS["launch"] = time.perf_counter()
-        launch(graph_exec, stream)
+        return launch(graph_exec, stream)
 
-    table.graph_launch = stamped_launch
+    calls.graph_launch_call = stamped_launch
     a = rt.allocate(nbytes, hrx.GPU_LOCAL)
     b = rt.allocate(nbytes, hrx.GPU_LOCAL)
     graph = rt.graph("breakdown")
@@ -107,7 +107,7 @@ async def measure(
         rt_api.cudaStreamSynchronize(stream)
         direct_total.append(time.perf_counter() - started)
         direct_launch.append(issued - started)
-    table.graph_launch = launch
+    calls.graph_launch_call = launch
     result = {
         name: round(statistics.median(row[i] for row in rows) * 1e6, 2)
         for i, name in enumerate(PHASES)

@@ -9,8 +9,8 @@ a compiled build, compiled functions do not appear on their own: their time is c
 the interpreted function that called them (`Scheduler.submit` holds admission, the awaiting
 coroutine the settling).
 
-`--count` counts instead of profiling, per replay: each driver call the runtime makes (the
-table's methods, wrapped before the runtime opens; `event_query` split by its answer) and
+`--count` counts instead of profiling, per replay: each driver call the runtime makes
+(cuda-bindings' functions, wrapped before the runtime opens; queries split by answer) and
 the loop's passes (asyncio: the selector's `select` calls; trio: `before_io_wait`), to see
 how many queries of unfinished work and loop iterations a replay costs:
 
@@ -46,32 +46,36 @@ from cuda_common import mix_replay
 import hrx_async as hrx
 
 COUNTED = (
-    "graph_launch",
-    "event_record",
-    "event_query",
-    "stream_wait_event",
-    "memcpy_async",
-    "memset_async",
-    "event_synchronize",
+    "cudaGraphLaunch",
+    "cudaEventRecord",
+    "cudaEventQuery",
+    "cudaStreamWaitEvent",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+    "cudaEventSynchronize",
 )
-"""The driver table's calls a replay can make (`--count`)."""
+"""The runtime API's calls a replay can make (`--count`)."""
 
 
 def count_driver_calls(counts: collections.Counter[str]) -> None:
-    """Wrap the CUDA driver table's per-replay calls so each one counts itself."""
-    from hrx_async.backends.cuda import CudaTable
+    """Wrap cuda-bindings' per-replay calls so each one counts itself (before the runtime
+    opens: the backend takes the functions from the module as it starts)."""
+    from cuda.bindings import runtime
 
     def counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(call)
         def wrapper(*args: Any) -> Any:
             result = call(*args)
-            counts[name if name != "event_query" else f"event_query:{bool(result)}"] += 1
+            if name == "cudaEventQuery":
+                counts[f"{name}:{'pending' if result[0] else 'done'}"] += 1
+            else:
+                counts[name] += 1
             return result
 
         return wrapper
 
     for name in COUNTED:
-        setattr(CudaTable, name, counted(name, getattr(CudaTable, name)))
+        setattr(runtime, name, counted(name, getattr(runtime, name)))
 
 
 def count_loop_passes(counts: collections.Counter[str], loop: str) -> None:

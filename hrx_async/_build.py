@@ -30,15 +30,16 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",
     "hrx_async.backends.fence",
+    "hrx_async.backends._stream_calls",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream_programs",
     "hrx_async.backends._stream",
     "hrx_async.backends.worker",
 )
 """The modules mypyc compiles when it can: the clock the others read, the replay path's
-admission, lane tasks, tracker, settling, fence sweeps and completions, the stream queues
-and the programs they launch for each region, and the worker threads that run the sim
-backend's lanes and the host lane.
+admission, lane tasks, tracker, settling, fence sweeps and completions, the stream queues,
+the programs they launch for each region and the driver calls they make, and the worker
+threads that run the sim backend's lanes and the host lane.
 Each must pass mypy --strict and the whole test suite compiled; none may be an entry point
 users call with unchecked arguments (compiled code raises TypeError for an argument of the
 wrong type, the public API ContractError).

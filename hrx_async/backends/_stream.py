@@ -38,6 +38,7 @@ from .._core.lane import Lane
 from .._core.memory import Placement, PlacementKind
 from .._core.ops import Copy, Fill, Launch, Op, prepared_work
 from ..errors import BackendError, ContractError, Unsupported
+from ._stream_calls import ReplayCalls
 from ._stream_driver import (
     DriverTable,
     quietly,
@@ -68,11 +69,7 @@ class StreamQueue:
     """One lane's in-order stream."""
 
     def __init__(self, backend: StreamBackend, stream: Any, fences: StreamFences) -> None:
-        self._table = table = backend.table
-        # The two driver calls of every launch, bound once: the table is an interpreted
-        # object, and a method looked up by name costs about as much as the call around it.
-        self._record_event = table.event_record
-        self._wait_event = table.stream_wait_event
+        self._calls: ReplayCalls = backend.table.replay_calls
         self._pool = backend.events
         self.stream = stream
         self.fences = fences
@@ -87,16 +84,16 @@ class StreamQueue:
             refusal = preflight()
             if refusal is not None:
                 return finished_fence(refusal)
-        table = self._table
+        calls = self._calls
         stream = self.stream
         issued_at = perf_counter()
         implies: Implied = None
         try:
             if waits:
                 implies = self._wait_for(waits)
-            program.launch(table, stream)
+            program.launch(calls, stream)
             event = self._pool.take()
-            self._record_event(event, stream)
+            calls.event_record(event, stream)
         except BackendError as exc:
             return finished_fence(exc)
         fence = StreamFence(self.fences, event, issued_at, implies)
@@ -113,14 +110,14 @@ class StreamQueue:
         each other stream).
         """
         own = self.fences
-        wait_event = self._wait_event
+        calls = self._calls
         stream = self.stream
         if len(waits) == 1:
             fence = waits[0]
             if isinstance(fence, StreamFence) and fence.track is not own:
                 event = fence.pending_event()
                 if event is not None:
-                    wait_event(stream, event)
+                    calls.stream_wait_event(stream, event)
                     return fence
             return None
         latest: dict[StreamFences, StreamFence] = {}
@@ -135,7 +132,7 @@ class StreamQueue:
         for fence in latest.values():
             event = fence.pending_event()
             if event is not None:
-                wait_event(stream, event)
+                calls.stream_wait_event(stream, event)
                 waited.append(fence)
         return waited or None
 
@@ -273,7 +270,7 @@ class StreamBackend:
         if prepare is not None:
             stream = self.queue((Lane.COMPUTE, 0)).stream
             fn = prepared_work(prepare, self.table.stream_handle(stream), tensors)
-        return ExternalProgram(fn, tensors)
+        return ExternalProgram(fn, tensors, self.table.stream_handle)
 
     def _capture(self, ops: Sequence[Op]) -> GraphProgram:
         table = self.table

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import BackendError, HrxError
+
+if TYPE_CHECKING:
+    from ._stream_calls import ReplayCalls
 
 
 def make_error(
@@ -40,6 +43,10 @@ class DriverTable(Protocol):
     """The backend name used in errors ("cuda", "hip")."""
     dlpack_device_type: int
     """The DLPack device type of device memory (2 for CUDA, 10 for ROCm)."""
+    replay_calls: ReplayCalls
+    """The calls every replay makes (launch, copy, record, wait, query), straight to the
+    bindings: the stream queues and fences use these, the methods below are for
+    everything else and raise the same errors."""
 
     def set_device(self, device: int) -> None:
         """Make `device` current on the calling thread (each thread calls this once)."""

@@ -31,6 +31,7 @@ from typing import Any, Union
 
 from .._core.clock import perf_counter
 from ..errors import BackendError, Cancelled
+from ._stream_calls import ReplayCalls
 from ._stream_driver import DriverTable, quietly
 from .fence import Fence
 from .worker import ThreadFence
@@ -90,7 +91,7 @@ class StreamFence(Fence):
         if self._done:
             return True
         try:
-            if not self._track.table.event_query(self._event):
+            if not self._track.calls.event_query(self._event):
                 return False
         except BackendError as exc:
             self._track.finish_early(self, exc)
@@ -196,8 +197,7 @@ class StreamFences:
 
     def __init__(self, table: DriverTable, device: int, pool: EventPool, name: str) -> None:
         self.table = table
-        self._query_event = table.event_query
-        """Bound once: a sweep asks it of every fence it finishes (see `StreamQueue`)."""
+        self.calls: ReplayCalls = table.replay_calls
         self.pool = pool
         self.lock = threading.Lock()
         self.pending: collections.deque[StreamFence] = collections.deque()
@@ -286,7 +286,7 @@ class StreamFences:
         it stops there: nothing after them is asked."""
         finished: list[StreamFence] | None = None
         pending = self.pending
-        query_event = self._query_event
+        calls = self.calls
         now = 0.0
         while pending and limit:
             limit -= 1
@@ -301,7 +301,7 @@ class StreamFences:
                     error = head_error
                 else:
                     try:
-                        if not query_event(fence._event):
+                        if not calls.event_query(fence._event):
                             break
                     except BackendError as exc:
                         error = exc

@@ -28,7 +28,8 @@ import numpy as np
 from .._core.contract import KernelContract
 from .._core.ops import enqueued_only
 from ..errors import ContractError
-from ._stream_driver import DriverTable, Lifetime
+from ._stream_calls import ReplayCalls
+from ._stream_driver import Lifetime
 
 POINTER_BYTES = 8
 
@@ -45,7 +46,7 @@ class StreamProgram:
     native_graph: bool
     """True when the region became one native graph launch."""
 
-    def launch(self, table: DriverTable, stream: Any) -> None:
+    def launch(self, calls: ReplayCalls, stream: Any) -> None:
         """Enqueue the region's work on `stream`."""
         raise NotImplementedError
 
@@ -63,28 +64,32 @@ class GraphProgram(StreamProgram):
         """What the backend's finalizer of the native graph follows (a compiled class
         takes no weak references)."""
 
-    def launch(self, table: DriverTable, stream: Any) -> None:
-        table.graph_launch(self.graph_exec, stream)
+    def launch(self, calls: ReplayCalls, stream: Any) -> None:
+        calls.graph_launch(self.graph_exec, stream)
 
 
 class ExternalProgram(StreamProgram):
     """A region of work another library issues: `fn(stream, tensors)` with the lane's raw
     stream handle, called where the region is launched (see `Graph.external`)."""
 
-    __slots__ = ("_handle", "_stream", "fn", "tensors")
+    __slots__ = ("_handle", "_handle_of", "_stream", "fn", "tensors")
 
-    def __init__(self, fn: Callable[..., Any], tensors: list[Any]) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], tensors: list[Any], handle_of: Callable[[Any], int]
+    ) -> None:
         self.fn = fn
         self.tensors = tensors
+        self._handle_of = handle_of
+        """The driver table's `stream_handle`."""
         self.native_graph = False
         self._stream: Any = None
         self._handle = 0
         """The raw handle of `_stream`, the stream it was last launched on (a region's
         replays all go to its lane's stream, so it is looked up once)."""
 
-    def launch(self, table: DriverTable, stream: Any) -> None:
+    def launch(self, calls: ReplayCalls, stream: Any) -> None:
         if stream is not self._stream:
-            self._handle = table.stream_handle(stream)
+            self._handle = self._handle_of(stream)
             self._stream = stream
         enqueued_only(self.fn, self.fn(self._handle, self.tensors))
 
@@ -100,8 +105,8 @@ class CopyProgram(StreamProgram):
         self.nbytes = nbytes
         self.native_graph = False
 
-    def launch(self, table: DriverTable, stream: Any) -> None:
-        table.memcpy_async(self.dst, self.src, self.nbytes, stream)
+    def launch(self, calls: ReplayCalls, stream: Any) -> None:
+        calls.memcpy_async(self.dst, self.src, self.nbytes, stream)
 
 
 class NativeKernel:

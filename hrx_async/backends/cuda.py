@@ -25,6 +25,7 @@ from .._core.dlpack import DLPACK_CUDA
 from .._core.install import install_hint
 from ..errors import BackendError, BackendUnavailable, CompileError, ContractError
 from ._stream import StreamBackend
+from ._stream_calls import ReplayCalls
 from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
@@ -200,6 +201,17 @@ class CudaTable:
         self._max_dynamic_shared = (
             self.dr.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         )
+        self.replay_calls = ReplayCalls(
+            self.error,
+            "cuda",
+            rt.cudaGraphLaunch,
+            rt.cudaMemcpyAsync,
+            self._memcpy_default,
+            rt.cudaEventRecord,
+            rt.cudaStreamWaitEvent,
+            rt.cudaEventQuery,
+            self._not_ready,
+        )
 
     # -- errors --------------------------------------------------------------------------
 
@@ -307,9 +319,7 @@ class CudaTable:
         self._check(self.rt.cudaMemsetAsync(pointer, value, nbytes, stream), "cudaMemsetAsync")
 
     def memcpy_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
-        status = self.rt.cudaMemcpyAsync(dst, src, nbytes, self._memcpy_default, stream)[0]
-        if status:
-            raise self.error("cudaMemcpyAsync", status)
+        self.replay_calls.memcpy_async(dst, src, nbytes, stream)
 
     # -- streams and events --------------------------------------------------------------
 
@@ -337,17 +347,10 @@ class CudaTable:
         self._check(self.rt.cudaEventDestroy(event), "cudaEventDestroy")
 
     def event_record(self, event: Any, stream: Any) -> None:
-        status = self.rt.cudaEventRecord(event, stream)[0]
-        if status:
-            raise self.error("cudaEventRecord", status)
+        self.replay_calls.event_record(event, stream)
 
     def event_query(self, event: Any) -> bool:
-        status = self.rt.cudaEventQuery(event)[0]
-        if not status:
-            return True
-        if status == self._not_ready:
-            return False
-        raise self.error("cudaEventQuery", status)
+        return self.replay_calls.event_query(event)
 
     def event_synchronize(self, event: Any) -> None:
         status = self.rt.cudaEventSynchronize(event)[0]
@@ -355,9 +358,7 @@ class CudaTable:
             raise self.error("cudaEventSynchronize", status)
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
-        status = self.rt.cudaStreamWaitEvent(stream, event, 0)[0]
-        if status:
-            raise self.error("cudaStreamWaitEvent", status)
+        self.replay_calls.stream_wait_event(stream, event)
 
     # -- graphs --------------------------------------------------------------------------
 
@@ -378,9 +379,7 @@ class CudaTable:
         return self._check(self.rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
 
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
-        status = self.rt.cudaGraphLaunch(graph_exec, stream)[0]
-        if status:
-            raise self.error("cudaGraphLaunch", status)
+        self.replay_calls.graph_launch(graph_exec, stream)
 
     def graph_destroy(self, graph: Any) -> None:
         self._check(self.rt.cudaGraphDestroy(graph), "cudaGraphDestroy")

@@ -78,6 +78,7 @@ from ._rocm import (
     load_error,
 )
 from ._stream import StreamBackend
+from ._stream_calls import ReplayCalls
 from ._stream_driver import make_error
 from .kernel_cache import KernelCache
 
@@ -233,6 +234,17 @@ class HipTable:
         self._max_dynamic_shared = (
             hip.hipFunction_attribute.HIP_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         )
+        self.replay_calls = ReplayCalls(
+            self.error,
+            "hip",
+            hip.hipGraphLaunch,
+            hip.hipMemcpyAsync,
+            self._memcpy_default,
+            hip.hipEventRecord,
+            hip.hipStreamWaitEvent,
+            hip.hipEventQuery,
+            self._not_ready,
+        )
         self._pointer_kinds = {
             hip.hipMemoryType.hipMemoryTypeDevice: "device",
             hip.hipMemoryType.hipMemoryTypeHost: "host",
@@ -333,9 +345,7 @@ class HipTable:
         self._check(self.hip.hipMemsetAsync(pointer, value, nbytes, stream), "hipMemsetAsync")
 
     def memcpy_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
-        (status,) = self.hip.hipMemcpyAsync(dst, src, nbytes, self._memcpy_default, stream)
-        if status:
-            raise self.error("hipMemcpyAsync", status)
+        self.replay_calls.memcpy_async(dst, src, nbytes, stream)
 
     # -- streams and events --------------------------------------------------------------
 
@@ -363,17 +373,10 @@ class HipTable:
         self._check(self.hip.hipEventDestroy(event), "hipEventDestroy")
 
     def event_record(self, event: Any, stream: Any) -> None:
-        (status,) = self.hip.hipEventRecord(event, stream)
-        if status:
-            raise self.error("hipEventRecord", status)
+        self.replay_calls.event_record(event, stream)
 
     def event_query(self, event: Any) -> bool:
-        (status,) = self.hip.hipEventQuery(event)
-        if not status:
-            return True
-        if status == self._not_ready:
-            return False
-        raise self.error("hipEventQuery", status)
+        return self.replay_calls.event_query(event)
 
     def event_synchronize(self, event: Any) -> None:
         (status,) = self.hip.hipEventSynchronize(event)
@@ -381,9 +384,7 @@ class HipTable:
             raise self.error("hipEventSynchronize", status)
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
-        (status,) = self.hip.hipStreamWaitEvent(stream, event, 0)
-        if status:
-            raise self.error("hipStreamWaitEvent", status)
+        self.replay_calls.stream_wait_event(stream, event)
 
     # -- graphs --------------------------------------------------------------------------
 
@@ -410,9 +411,7 @@ class HipTable:
         return graph_exec
 
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
-        (status,) = self.hip.hipGraphLaunch(graph_exec, stream)
-        if status:
-            raise self.error("hipGraphLaunch", status)
+        self.replay_calls.graph_launch(graph_exec, stream)
 
     def graph_destroy(self, graph: Any) -> None:
         self._check(self.hip.hipGraphDestroy(graph), "hipGraphDestroy")

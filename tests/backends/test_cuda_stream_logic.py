@@ -24,9 +24,10 @@ import hrx_async._runtime.session as runtime_module
 from hrx_async._runtime.completion import YIELD_EVERY
 from hrx_async._runtime.watch import SWEEP_LIMIT
 from hrx_async.backends._stream import StreamBackend
+from hrx_async.backends._stream_calls import ReplayCalls
 from hrx_async.backends._stream_driver import make_error
 from hrx_async.backends.kernel_cache import KernelCache
-from hrx_async.errors import ContractError
+from hrx_async.errors import BackendError, ContractError
 
 pytestmark = pytest.mark.anyio
 
@@ -79,6 +80,19 @@ class FakeEvent:
             self.condition.wait_for(lambda: self.completed >= generation)
 
 
+FAKE_NOT_READY = "fakeErrorNotReady"
+
+
+def _status(call: Callable[..., Any], *args: Any) -> tuple[Any]:
+    """What a binding returns for `call(*args)` of the table: its status first (0 when it
+    succeeded; a query that answers False is not ready; a failure its error's code)."""
+    try:
+        answer = call(*args)
+    except BackendError as exc:
+        return (exc.code,)
+    return (FAKE_NOT_READY,) if answer is False else (0,)
+
+
 class HostTable:
     """A driver table over host memory; kernels are Python functions of raw argument bytes."""
 
@@ -95,19 +109,33 @@ class HostTable:
         """Cleared, the device runs nothing until it is set again."""
         self.running.set()
         self.calls: dict[str, int] = {}
+        # The per-replay calls as bindings make them: a status first. They call this
+        # table's methods by name at every call, so a test can replace one.
+        self.replay_calls = ReplayCalls(
+            self.error,
+            "fake",
+            lambda graph_exec, stream: _status(self.graph_launch, graph_exec, stream),
+            lambda dst, src, nbytes, kind, stream: _status(
+                self.memcpy_async, dst, src, nbytes, stream
+            ),
+            "fakeMemcpyDefault",
+            lambda event, stream: _status(self.event_record, event, stream),
+            lambda stream, event, flags: _status(self.stream_wait_event, stream, event),
+            lambda event: _status(self.event_query, event),
+            FAKE_NOT_READY,
+        )
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
+    def error(self, operation: str, status: Any) -> BackendError:
+        return make_error(
+            "fake", operation, status, "boom", frozenset({"fakeErrorIllegalAddress"})
+        )
+
     def _check_fault(self, operation: str) -> None:
         if self.fault is not None:
-            raise make_error(
-                "fake",
-                operation,
-                "fakeErrorIllegalAddress",
-                "boom",
-                frozenset({"fakeErrorIllegalAddress"}),
-            )
+            raise self.error(operation, "fakeErrorIllegalAddress")
 
     def set_device(self, device: int) -> None:
         pass
