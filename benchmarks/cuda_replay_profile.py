@@ -1,13 +1,15 @@
 """Where a replay's time goes on the loop thread: cProfile over awaited CUDA replays.
 
-Three workloads on the runtime's own graphs: `window8`, the upload -> kernel -> download
+Four workloads on the runtime's own graphs: `window8`, the upload -> kernel -> download
 graph of cuda_pipeline.py kept 8 replays deep (await the oldest before submitting the
-next), `awaited3`, that graph awaited one replay at a time, and `one_node`, a 4 KiB fill
-awaited one replay at a time. Each is run once unprofiled (µs per replay) and once under
-cProfile; the report gives Python calls per replay and the functions by their own time. On
-a compiled build, compiled functions do not appear on their own: their time is counted in
-the interpreted function that called them (`Scheduler.submit` holds admission, the awaiting
-coroutine the settling).
+next), `awaited3`, that graph awaited one replay at a time, `one_node`, a 4 KiB fill
+awaited one replay at a time, and `tasks64`, 64 tasks each awaiting replays of its own
+4 KiB fill graph (cuda_floor.py's throughput phase; "per replay" is per completion).
+Each is run once unprofiled (µs per replay) and once under cProfile; the report gives
+Python calls per replay and the functions by their own time. On a compiled build,
+compiled functions do not appear on their own: their time is counted in the interpreted
+function that called them (`Scheduler.submit` holds admission, the awaiting coroutine the
+settling).
 
 `--count` counts instead of profiling, per replay: each driver call the runtime makes
 (cuda-bindings' functions, wrapped before the runtime opens; queries split by answer) and
@@ -111,6 +113,11 @@ async def main(args: argparse.Namespace) -> None:
         graph = rt.graph("one")
         graph.fill(target.view(), 1)
         one = graph.prepare()
+        own = []
+        for _ in range(64):
+            fill = rt.graph("fill")
+            fill.fill(rt.allocate(4096, hrx.GPU_LOCAL).view(), 1)
+            own.append(fill.prepare())
 
         async def window8(count: int) -> None:
             pending: deque[hrx.Completion] = deque()
@@ -129,20 +136,35 @@ async def main(args: argparse.Namespace) -> None:
             for _ in range(count):
                 await one.submit()
 
+        async def tasks64(count: int) -> None:
+            # `count` completions in all: the first tasks take one more where it does not divide.
+            share, extra = divmod(count, len(own))
+
+            async def replays(prepared: hrx.PreparedGraph, times: int) -> None:
+                for _ in range(times):
+                    await prepared.submit()
+
+            async with anyio.create_task_group() as group:
+                for index, prepared in enumerate(own):
+                    group.start_soon(replays, prepared, share + (index < extra))
+
         workloads: dict[str, Callable[[int], Awaitable[None]]] = {
             "window8": window8,
             "awaited3": awaited3,
             "one_node": one_node,
+            "tasks64": tasks64,
         }
         if args.only is not None:
             workloads = {args.only: workloads[args.only]}
         for name, workload in workloads.items():
             if args.sample_seconds:
                 await workload(500)
+                # tasks64 in long runs, so that starting its tasks stays out of the samples.
+                chunk = 64_000 if name == "tasks64" else 1000
                 replays, started = 0, time.perf_counter()
                 while time.perf_counter() - started < args.sample_seconds:
-                    await workload(1000)
-                    replays += 1000
+                    await workload(chunk)
+                    replays += chunk
                 elapsed_us = (time.perf_counter() - started) / replays * 1e6
                 print(f"== {name}: {elapsed_us:.1f} us/replay over {replays} replays")
                 continue
@@ -174,7 +196,9 @@ if __name__ == "__main__":
     options.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
     options.add_argument("--replays", type=int, default=3000)
     options.add_argument("--top", type=int, default=45, help="functions listed")
-    options.add_argument("--only", choices=("window8", "awaited3", "one_node"), default=None)
+    options.add_argument(
+        "--only", choices=("window8", "awaited3", "one_node", "tasks64"), default=None
+    )
     options.add_argument(
         "--sample-seconds",
         type=float,
