@@ -54,17 +54,24 @@ class CompletionSource(Protocol):
         ...
 
 
+YIELD_EVERY: Final = 8
+"""How many awaits in a row of completions already done (or finished by their own sweep)
+return without yielding to the loop."""
+
+
 class _Shared:
     """The module's mutable state, in native fields: compiled, a module global is a
     dictionary entry, read and written on every await."""
 
-    __slots__ = ("finished_without_yield", "trio")
+    __slots__ = ("finished_without_yield", "trio", "yield_every")
 
     def __init__(self) -> None:
         self.trio: Any = None
         """`trio.lowlevel`, once imported."""
         self.finished_without_yield = 0
         """Awaits in a row that returned without yielding (see `Completion.wait_done`)."""
+        self.yield_every = YIELD_EVERY
+        """`YIELD_EVERY` in force (a field, so that a benchmark can try others)."""
 
 
 _shared: Final = _Shared()
@@ -89,21 +96,6 @@ def trio_lowlevel() -> Any:
     return lowlevel
 
 
-async def _park_trio_task(waiters: list[Any]) -> None:
-    """Park the current trio task in `waiters` until `Completion._resolve` reschedules it.
-    Cancelling the task only takes it out of `waiters` (awaiting never cancels work)."""
-    lowlevel = trio_lowlevel()
-    task = lowlevel.current_task()
-    waiters.append(task)
-
-    def abort(_: Any) -> Any:
-        if task in waiters:
-            waiters.remove(task)
-        return lowlevel.Abort.SUCCEEDED
-
-    await lowlevel.wait_task_rescheduled(abort)
-
-
 class _DoneWait:
     """What `Completion.wait_done` awaits: the completion's wait, without its error."""
 
@@ -113,7 +105,7 @@ class _DoneWait:
         self.completion = completion
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self.completion._wait()
+        return self.completion._wait(False)
 
 
 class Signal:
@@ -172,14 +164,25 @@ class Signal:
             future._asyncio_future_blocking = True
             yield future
         else:
-            if self._tasks is None:
-                self._tasks = []
-            yield from _park_trio_task(self._tasks).__await__()
+            # The task parks right here, with `wait_task_rescheduled`, until `set`
+            # reschedules it; cancelling it only takes it out of the list (awaiting never
+            # cancels work). No coroutine of our own in between: every level a resumed
+            # task passes through costs it a send.
+            lowlevel = trio_lowlevel()
+            task = lowlevel.current_task()
+            tasks = self._tasks
+            if tasks is None:
+                tasks = self._tasks = [task]
+            else:
+                tasks.append(task)
 
+            def abort(_: Any) -> Any:
+                if task in tasks:
+                    tasks.remove(task)
+                return lowlevel.Abort.SUCCEEDED
 
-YIELD_EVERY: Final = 8
-"""How many awaits in a row of completions already done (or finished by their own sweep)
-return without yielding to the loop."""
+            yield from lowlevel.wait_task_rescheduled(abort).__await__()
+
 
 # Makes threads that call `wait()` at once share one event (`_resolve` takes no lock). One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
@@ -366,31 +369,35 @@ class Completion:
         await _DoneWait(self)
 
     def __await__(self) -> Generator[Any, None, None]:
-        yield from self._wait()
-        if self._error is not None:
-            raise self._error
+        return self._wait(True)
 
-    def _wait(self) -> Generator[Any, None, None]:
-        """`wait_done` as a generator, so that awaiting a completion runs it with no coroutine
-        object in between. On asyncio its checkpoint is a bare `yield`, which is what
-        `asyncio.sleep(0)` yields (a task whose coroutine yields None steps again in the next
-        loop iteration), without the two calls and the coroutine that one makes."""
+    def _wait(self, raises: bool) -> Generator[Any, None, None]:
+        """`wait_done` as a generator, and with `raises` the await itself (which raises the
+        submission's error at the end): awaiting a completion runs it with no coroutine
+        object or further generator in between (each level costs a resumed task a send). On
+        asyncio its checkpoint is a bare `yield`, which is what `asyncio.sleep(0)` yields (a
+        task whose coroutine yields None steps again in the next loop iteration), without
+        the two calls and the coroutine that one makes."""
         loop = self._loop
         if loop is not None and self.finished_at is not None:
+            if raises and self._error is not None:
+                raise self._error
             return
         source = self._source
         lead = source.sweep() if source is not None else False
         if self.finished_at is not None:
-            if _shared.finished_without_yield < YIELD_EVERY:
+            if _shared.finished_without_yield < _shared.yield_every:
                 _shared.finished_without_yield += 1
                 if loop is None:
                     yield from trio_lowlevel().checkpoint_if_cancelled().__await__()
-                return
-            _shared.finished_without_yield = 0
-            if loop is not None:
-                yield  # asyncio.sleep(0)
             else:
-                yield from trio_checkpoint()().__await__()
+                _shared.finished_without_yield = 0
+                if loop is not None:
+                    yield  # asyncio.sleep(0)
+                else:
+                    yield from trio_checkpoint()().__await__()
+            if raises and self._error is not None:
+                raise self._error
             return
         _shared.finished_without_yield = 0
         if lead:
@@ -409,12 +416,13 @@ class Completion:
                         break
             finally:
                 source.release()
-            if self.done():
-                return
-        signal = self._signal
-        if signal is None:
-            signal = self._signal = Signal(loop)
-        yield from signal.__await__()
+        if not self.done():
+            signal = self._signal
+            if signal is None:
+                signal = self._signal = Signal(loop)
+            yield from signal.__await__()
+        if raises and self._error is not None:
+            raise self._error
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-loop) thread until finished; False on timeout, changing nothing.
