@@ -239,8 +239,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--sweep-limit",
         type=int,
         default=None,
-        help="fences one loop pass may finish (the watch's SWEEP_LIMIT, and TRIO_SWEEP_LIMIT "
-        "on trio)",
+        help="fences one loop pass may finish (the watch's SWEEP_LIMIT)",
     )
     options.add_argument(
         "--yield-every",
@@ -260,17 +259,15 @@ def configure(rt: Any, args: argparse.Namespace) -> dict[str, Any]:
         backend.poll_budget_us = args.poll_us
     if args.sweep_limit is not None:
         watch_module.SWEEP_LIMIT = args.sweep_limit
-        watch_module.TRIO_SWEEP_LIMIT = args.sweep_limit
     if args.yield_every is not None:
         completion_module._shared.yield_every = args.yield_every
-    trio_limit = getattr(watch_module, "TRIO_SWEEP_LIMIT", watch_module.SWEEP_LIMIT)
     if args.gc_freeze:
         gc.collect()
         gc.freeze()
     return {
         "poll_budget_us": backend.poll_budget_us,
         "gc_frozen": bool(args.gc_freeze),
-        "sweep_limit": trio_limit if args.loop == "trio" else watch_module.SWEEP_LIMIT,
+        "sweep_limit": watch_module.SWEEP_LIMIT,
         # (earlier builds: the constant, which a benchmark cannot change)
         "yield_every": getattr(completion_module._shared, "yield_every", 8),
     }

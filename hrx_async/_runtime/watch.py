@@ -3,10 +3,9 @@
 Queues of backends with a poll budget (the GPU streams) are *watched*: the loop
 sweeps them once per iteration (and the awaiting task once before it suspends),
 so a completion costs no thread hop and no contention for the interpreter lock.
-All the sweeps of one loop pass share one budget of fences (`SWEEP_LIMIT` on
-asyncio, `TRIO_SWEEP_LIMIT` on trio), so the pass stays short however many tasks
-await. A watched queue is handed back to its own waiter thread only when the loop
-has nothing else to do and the work is
+All the sweeps of one loop pass share one budget of `SWEEP_LIMIT` fences, so the
+pass stays short however many tasks await. A watched queue is handed back to its
+own waiter thread only when the loop has nothing else to do and the work is
 overdue: beyond the region's usual duration plus the budget, at most `POLL_CAP_S`.
 On asyncio the per-iteration sweep is a plain loop callback (the tick); on trio it
 is a task (`serve`), parked while nothing is watched or a task leads. Waking it is a
@@ -32,13 +31,8 @@ POLL_CAP_S: Final = 0.001
 IDLE_GAP_S: Final = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
 SWEEP_LIMIT = 16
-"""The most fences one asyncio loop pass finishes: each wakes a task that runs in the next
-pass, and a bounded pass keeps the loop responsive to everything else."""
-TRIO_SWEEP_LIMIT = 32
-"""The same on trio. A trio pass costs more of its own (its run loop is Python, and the
-sweep runs in a task, not a callback), so it pays to spread it over more completions: on
-an H200, 64 tasks awaiting their own fills completed 10-15% more per second with 32 than
-with 16, loop lag p99 staying near 1 ms (`benchmarks/results/h200_run_AO.md`)."""
+"""The most fences one loop pass finishes: each wakes a task that runs in the next pass,
+and a bounded pass keeps the loop responsive to everything else."""
 
 
 class QueueWatch:
@@ -50,7 +44,7 @@ class QueueWatch:
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
-        self.sweep_budget = SWEEP_LIMIT if asyncio_loop is not None else TRIO_SWEEP_LIMIT
+        self.sweep_budget = SWEEP_LIMIT
         """Fences the current loop pass may still finish."""
         self.leader = False
         """True while a task awaiting a completion sweeps in place of the tick."""
@@ -106,7 +100,7 @@ class QueueWatch:
         `new_pass` is once per loop iteration (the tick, the trio watcher or the leader):
         it refills the budget, updates the idleness gauge and hands overdue queues back
         to their waiters. The sweeps of tasks about to suspend spend what is left of it,
-        so however many tasks await, one pass finishes at most the loop's limit of fences.
+        so however many tasks await, one pass finishes at most `SWEEP_LIMIT` fences.
 
         A queue is handed back only while the loop is idle (iterations close together):
         a busy loop sweeps at no cost worth saving, and a thread could not finish
@@ -121,9 +115,7 @@ class QueueWatch:
             self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
             idle = gap < IDLE_GAP_S
             self.last_sweep = now
-            self.sweep_budget = (
-                SWEEP_LIMIT if self.asyncio_loop is not None else TRIO_SWEEP_LIMIT
-            )
+            self.sweep_budget = SWEEP_LIMIT
         budget = self.sweep_budget
         if budget <= 0:
             return

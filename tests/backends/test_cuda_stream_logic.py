@@ -22,7 +22,7 @@ import pytest
 import hrx_async as hrx
 import hrx_async._runtime.session as runtime_module
 from hrx_async._runtime.completion import YIELD_EVERY
-from hrx_async._runtime.watch import SWEEP_LIMIT, TRIO_SWEEP_LIMIT
+from hrx_async._runtime.watch import SWEEP_LIMIT
 from hrx_async.backends._stream import StreamBackend
 from hrx_async.backends._stream_calls import ReplayCalls
 from hrx_async.backends._stream_driver import make_error
@@ -937,9 +937,9 @@ async def test_one_loop_pass_finishes_a_bounded_number_of_fences(
     _instant_device(host_table)
     # trio runs a batch's tasks in any order, so the sweeping task may run twice between
     # two checkpoints of this one.
-    limit = SWEEP_LIMIT if anyio_backend == "asyncio" else 2 * TRIO_SWEEP_LIMIT
+    limit = SWEEP_LIMIT if anyio_backend == "asyncio" else 2 * SWEEP_LIMIT
     # More fences than two passes of either loop may finish, so the bound shows on both.
-    count = 3 * 2 * max(SWEEP_LIMIT, TRIO_SWEEP_LIMIT)
+    count = 3 * 2 * SWEEP_LIMIT
     async with hrx.Runtime(backend="cuda", max_submissions=count) as rt:
         graphs = _fill_graphs(rt, count)
         completions = [graph.submit() for graph in graphs]
@@ -965,7 +965,7 @@ async def test_awaiting_tasks_share_one_pass_budget(
     _instant_device(host_table)
     # The observer's passes need not line up with the budget's refills, so one of its
     # windows may see the end of one budget and the start of the next.
-    limit = 2 * SWEEP_LIMIT if anyio_backend == "asyncio" else 4 * TRIO_SWEEP_LIMIT
+    limit = 2 * SWEEP_LIMIT if anyio_backend == "asyncio" else 4 * SWEEP_LIMIT
     tasks = 96
     async with hrx.Runtime(backend="cuda", max_submissions=tasks) as rt:
         graphs = _fill_graphs(rt, tasks)
