@@ -21,7 +21,6 @@ import anyio
 import numpy as np
 
 import hrx_async as hrx
-import hrx_async._runtime.completion as completion_module
 import hrx_async._runtime.watch as watch_module
 from hrx_async.tools.benchmark import Distribution
 
@@ -241,26 +240,17 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=None,
         help="fences one loop pass may finish (the watch's SWEEP_LIMIT)",
     )
-    options.add_argument(
-        "--yield-every",
-        type=int,
-        default=None,
-        help="awaits of finished completions in a row that return without yielding "
-        "(the completion module's YIELD_EVERY)",
-    )
     options.add_argument("--json", action="store_true", help="print one JSON line only")
     return options
 
 
 def configure(rt: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Apply --poll-us, --sweep-limit and --yield-every; returns the settings in force."""
+    """Apply --poll-us and --sweep-limit; returns the settings in force."""
     backend = rt._backend_or_raise()
     if args.poll_us is not None:
         backend.poll_budget_us = args.poll_us
     if args.sweep_limit is not None:
         watch_module.SWEEP_LIMIT = args.sweep_limit
-    if args.yield_every is not None:
-        completion_module._shared.yield_every = args.yield_every
     if args.gc_freeze:
         gc.collect()
         gc.freeze()
@@ -268,8 +258,6 @@ def configure(rt: Any, args: argparse.Namespace) -> dict[str, Any]:
         "poll_budget_us": backend.poll_budget_us,
         "gc_frozen": bool(args.gc_freeze),
         "sweep_limit": watch_module.SWEEP_LIMIT,
-        # (earlier builds: the constant, which a benchmark cannot change)
-        "yield_every": getattr(completion_module._shared, "yield_every", 8),
     }
 
 

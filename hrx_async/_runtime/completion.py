@@ -54,24 +54,17 @@ class CompletionSource(Protocol):
         ...
 
 
-YIELD_EVERY: Final = 8
-"""How many awaits in a row of completions already done (or finished by their own sweep)
-return without yielding to the loop."""
-
-
 class _Shared:
     """The module's mutable state, in native fields: compiled, a module global is a
     dictionary entry, read and written on every await."""
 
-    __slots__ = ("finished_without_yield", "trio", "yield_every")
+    __slots__ = ("finished_without_yield", "trio")
 
     def __init__(self) -> None:
         self.trio: Any = None
         """`trio.lowlevel`, once imported."""
         self.finished_without_yield = 0
         """Awaits in a row that returned without yielding (see `Completion.wait_done`)."""
-        self.yield_every = YIELD_EVERY
-        """`YIELD_EVERY` in force (a field, so that a benchmark can try others)."""
 
 
 _shared: Final = _Shared()
@@ -105,7 +98,7 @@ class _DoneWait:
         self.completion = completion
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self.completion._wait(False)
+        return self.completion._wait()
 
 
 class Signal:
@@ -183,6 +176,10 @@ class Signal:
 
             yield from lowlevel.wait_task_rescheduled(abort).__await__()
 
+
+YIELD_EVERY: Final = 8
+"""How many awaits in a row of completions already done (or finished by their own sweep)
+return without yielding to the loop."""
 
 # Makes threads that call `wait()` at once share one event (`_resolve` takes no lock). One
 # lock for all completions: threads rarely wait, and a lock per submission would cost more.
@@ -369,35 +366,31 @@ class Completion:
         await _DoneWait(self)
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self._wait(True)
+        yield from self._wait()
+        if self._error is not None:
+            raise self._error
 
-    def _wait(self, raises: bool) -> Generator[Any, None, None]:
-        """`wait_done` as a generator, and with `raises` the await itself (which raises the
-        submission's error at the end): awaiting a completion runs it with no coroutine
-        object or further generator in between (each level costs a resumed task a send). On
-        asyncio its checkpoint is a bare `yield`, which is what `asyncio.sleep(0)` yields (a
-        task whose coroutine yields None steps again in the next loop iteration), without
-        the two calls and the coroutine that one makes."""
+    def _wait(self) -> Generator[Any, None, None]:
+        """`wait_done` as a generator, so that awaiting a completion runs it with no coroutine
+        object in between. On asyncio its checkpoint is a bare `yield`, which is what
+        `asyncio.sleep(0)` yields (a task whose coroutine yields None steps again in the next
+        loop iteration), without the two calls and the coroutine that one makes."""
         loop = self._loop
         if loop is not None and self.finished_at is not None:
-            if raises and self._error is not None:
-                raise self._error
             return
         source = self._source
         lead = source.sweep() if source is not None else False
         if self.finished_at is not None:
-            if _shared.finished_without_yield < _shared.yield_every:
+            if _shared.finished_without_yield < YIELD_EVERY:
                 _shared.finished_without_yield += 1
                 if loop is None:
                     yield from trio_lowlevel().checkpoint_if_cancelled().__await__()
+                return
+            _shared.finished_without_yield = 0
+            if loop is not None:
+                yield  # asyncio.sleep(0)
             else:
-                _shared.finished_without_yield = 0
-                if loop is not None:
-                    yield  # asyncio.sleep(0)
-                else:
-                    yield from trio_checkpoint()().__await__()
-            if raises and self._error is not None:
-                raise self._error
+                yield from trio_checkpoint()().__await__()
             return
         _shared.finished_without_yield = 0
         if lead:
@@ -416,13 +409,12 @@ class Completion:
                         break
             finally:
                 source.release()
-        if not self.done():
-            signal = self._signal
-            if signal is None:
-                signal = self._signal = Signal(loop)
-            yield from signal.__await__()
-        if raises and self._error is not None:
-            raise self._error
+            if self.done():
+                return
+        signal = self._signal
+        if signal is None:
+            signal = self._signal = Signal(loop)
+        yield from signal.__await__()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-loop) thread until finished; False on timeout, changing nothing.
