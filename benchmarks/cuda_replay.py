@@ -34,20 +34,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await prepared.submit()
             direct_replay()
         before = rt.statistics()
+        fences_before = finished_by(rt)
         chunk = args.replays // args.chunks
+        chunk_ratios: list[float] = []
         coordinated_s = direct_s = 0.0
         for index in range(args.chunks):
+            pair = {}
             for which in ("c", "d") if index % 2 == 0 else ("d", "c"):
                 started = time.perf_counter()
                 if which == "c":
                     for _ in range(chunk):
                         await prepared.submit()
-                    coordinated_s += time.perf_counter() - started
                 else:
                     for _ in range(chunk):
                         direct_replay()
-                    direct_s += time.perf_counter() - started
+                pair[which] = time.perf_counter() - started
+            coordinated_s += pair["c"]
+            direct_s += pair["d"]
+            chunk_ratios.append(round(pair["c"] / pair["d"], 2))
         after = rt.statistics()
+        fences = {key: value - fences_before[key] for key, value in finished_by(rt).items()}
         async with host_out.map_read() as memory:
             expected = ((np.arange(n) % 251) * 3 + 1).astype(np.uint8)
             correct = bool((np.frombuffer(memory, np.uint8) == expected).all())
@@ -65,9 +71,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "coordinated_us_per_replay": round(coordinated_s / replays * 1e6, 2),
         "direct_us_per_replay": round(direct_s / replays * 1e6, 2),
         "ratio": round(coordinated_s / direct_s, 3),
+        # Each chunk's pair on its own (a mode change within the run shows here), and who
+        # finished the runtime's fences in the timed part: the loop's sweeps, waiter
+        # threads (a stream handed back), or a later fence that waited for them.
+        "chunk_ratios": chunk_ratios,
+        "fences_finished": fences,
         "native_graphs_prepared": after.native_graphs_prepared,
         "copy_streams_created": after.copy_streams_created,
     }
+
+
+def finished_by(rt: hrx.Runtime) -> dict[str, int]:
+    info = rt._backend_or_raise().describe()
+    return {who: int(info[f"fences_finished_by_{who}"]) for who in ("loop", "waiter", "proof")}
 
 
 if __name__ == "__main__":

@@ -185,27 +185,38 @@ class LaneStream:
     PyTorch's context asks for the current device's stream through a chain of Python calls
     that looks up the device (availability checks, environment variables) on every entry,
     a few microseconds per replay. This one knows its device: while that device is the
-    current one (the usual case) it reads that device's stream and sets streams by the
-    public `torch.cuda.current_stream(index)` and `torch.cuda.set_stream`, which is all
-    PyTorch's context does then. Another current device gets PyTorch's own context, which
-    restores both devices' streams and the current device."""
+    current one (the usual case) it only swaps that device's current stream, which is all
+    PyTorch's context does then. Where this PyTorch has them, it swaps it through the three
+    functions `torch.cuda.current_device`, `current_stream` and `set_stream` end in (each
+    stream as its `(stream_id, device_index, device_type)`, no `Stream` object made per
+    replay); otherwise through those public functions. Another current device gets
+    PyTorch's own context, which restores both devices' streams and the current device."""
 
-    __slots__ = ("_full", "_index", "_lane", "_previous")
+    __slots__ = ("_full", "_index", "_lane", "_lane_ids", "_native", "_previous")
 
     def __init__(self, lane: Any, index: int) -> None:
         self._lane = lane
         self._index = index
+        self._lane_ids = (lane.stream_id, lane.device_index, lane.device_type)
+        self._native = _native_stream_calls(index)
         self._previous: Any = None
         self._full: Any = None
 
     def __enter__(self) -> None:
-        if torch.cuda.current_device() != self._index:
-            full = torch.cuda.stream(self._lane)
-            full.__enter__()
-            self._full = full
+        native = self._native
+        if native is not None:
+            get_device, get_stream, set_stream = native
+            if get_device() == self._index:
+                self._previous = get_stream(self._index)
+                set_stream(*self._lane_ids)
+                return
+        elif torch.cuda.current_device() == self._index:
+            self._previous = torch.cuda.current_stream(self._index)
+            torch.cuda.set_stream(self._lane)
             return
-        self._previous = torch.cuda.current_stream(self._index)
-        torch.cuda.set_stream(self._lane)
+        full = torch.cuda.stream(self._lane)
+        full.__enter__()
+        self._full = full
 
     def __exit__(self, *exc: object) -> None:
         full = self._full
@@ -214,7 +225,32 @@ class LaneStream:
             full.__exit__(*exc)
             return
         previous, self._previous = self._previous, None
-        torch.cuda.set_stream(previous)
+        native = self._native
+        if native is not None:
+            native[2](*previous)
+        else:
+            torch.cuda.set_stream(previous)
+
+
+def _native_stream_calls(index: int) -> tuple[Any, Any, Any] | None:
+    """PyTorch's native current-device, current-stream and set-stream functions, when this
+    build has them in the form `LaneStream` uses (the current stream as a 3-tuple); else
+    None. Checked once per prepared region, with CUDA already initialised."""
+    native = torch._C
+    calls = (
+        getattr(native, "_cuda_getDevice", None),
+        getattr(native, "_cuda_getCurrentStream", None),
+        getattr(native, "_cuda_setStream", None),
+    )
+    if calls[0] is None or calls[1] is None or calls[2] is None:
+        return None
+    try:
+        current = calls[1](index)
+    except Exception:
+        return None
+    if not isinstance(current, tuple) or len(current) != 3:
+        return None
+    return calls
 
 
 def _captured(work: TorchWork, typed: list[Any], device: Any, stream: int, on_lane: Any) -> Replay:
