@@ -8,6 +8,7 @@ event loop.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -139,6 +140,8 @@ class WorkerQueue:
                 return
             fence: ThreadFence = item[3]
             error, skipped = _run_item(*item)
+            if error is not None:
+                _release_runtime_frames(error)
             # The item reaches the region's program and views, so its buffers. It goes
             # before the fence finishes: whoever awaits the fence may drop the last handle
             # to a buffer the moment it does, and a collection then must not find it held
@@ -146,6 +149,27 @@ class WorkerQueue:
             del item
             fence.finish(error, skipped)
             del fence, error
+
+
+def _release_runtime_frames(error: BaseException) -> None:
+    """Clear the locals of the runtime's own frames in `error`'s traceback (and its causes'):
+    they hold the region's program, its views and so its buffers. The error outlives them
+    (in the completion, the poison book, a log), and whoever awaits it may drop the last
+    handle to a buffer while this thread still holds the error for a moment; the buffer
+    must go then, not once this thread comes round. The user's own frames keep their
+    locals, for post-mortem debugging."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if str(frame.f_globals.get("__name__", "")).startswith("hrx_async."):
+                with contextlib.suppress(RuntimeError):  # still executing: not ours to clear
+                    frame.clear()
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
 
 
 def _run_item(
