@@ -41,7 +41,7 @@ IDLE_GAP_S: Final = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
 SPIN_S: Final = 30e-6
 """The longest a task awaiting work sweeps without yielding (`QueueWatch.spin`)."""
-SPIN_GAP_S: Final = 50e-6
+SPIN_GAP_S: Final = 25e-6
 """Loop passes this short (smoothed, not counting spins) mean the loop runs nothing but the
 sweeps: a spin holds back nothing then."""
 SWEEP_LIMIT = 16
