@@ -11,20 +11,11 @@ On asyncio the per-iteration sweep is a plain loop callback (the tick); on trio 
 is a task (`serve`), parked while nothing is watched or a task leads. Waking it is a
 bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
 `release` wakes it if work is left), because each wake costs the loop a task step.
-
-A task about to wait for its work, and the leader on each pass, may instead keep sweeping
-for up to `SPIN_S` without yielding (`spin`), but only while the loop has nothing else to
-run: its passes cost next to nothing beyond the sweep (`SPIN_GAP_S`) and, on asyncio, no
-callback is ready. A pass of such a loop would only come back to the same sweep, later:
-spinning notices the end of the work within a query instead of within a loop pass. It stops
-at the first fence it finishes (a task it wakes must get its turn), so it never holds back
-work that can run by more than `SPIN_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -39,11 +30,6 @@ POLL_CAP_S: Final = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
 IDLE_GAP_S: Final = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
-SPIN_S: Final = 30e-6
-"""The longest a task awaiting work sweeps without yielding (`QueueWatch.spin`)."""
-SPIN_GAP_S: Final = 25e-6
-"""Loop passes this short (smoothed, not counting spins) mean the loop runs nothing but the
-sweeps: a spin holds back nothing then."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
@@ -58,16 +44,6 @@ class QueueWatch:
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
-        self.pass_cost = POLL_CAP_S
-        """Smoothed time between loop passes, less the spins in between (see `spin`)."""
-        self.spun = 0.0
-        """Seconds spun since the last pass began."""
-        self.ready: Any = None
-        """asyncio: the loop's queue of ready callbacks, where it has one (`spin` reads it)."""
-        if asyncio_loop is not None:
-            ready = getattr(asyncio_loop, "_ready", None)
-            if isinstance(ready, collections.deque):
-                self.ready = ready
         self.sweep_budget = SWEEP_LIMIT
         """Fences the current loop pass may still finish."""
         self.leader = False
@@ -136,10 +112,8 @@ class QueueWatch:
             now = perf_counter()
             # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
             gap = min(now - self.last_sweep, POLL_CAP_S)
-            self.sweep_gap = 0.75 * self.sweep_gap + 0.25 * gap
-            idle = self.sweep_gap < IDLE_GAP_S
-            self.pass_cost = 0.75 * self.pass_cost + 0.25 * max(0.0, gap - self.spun)
-            self.spun = 0.0
+            self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
+            idle = gap < IDLE_GAP_S
             self.last_sweep = now
             self.sweep_budget = SWEEP_LIMIT
         budget = self.sweep_budget
@@ -162,25 +136,6 @@ class QueueWatch:
                     self.watched = {queue: deadline, **watched}
                 break
         self.sweep_budget = budget
-
-    def spin(self, pending: Any) -> None:
-        """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's
-        submission are unfinished, for at most `SPIN_S`, when the loop has nothing else
-        to run (see the module's docstring); stop at the first fence finished, whoever's."""
-        if self.pass_cost > SPIN_GAP_S:
-            return
-        ready = self.ready
-        if ready is not None and ready:
-            return
-        started = now = perf_counter()
-        until = started + SPIN_S
-        budget = self.sweep_budget
-        while budget > 0 and now < until:
-            self.sweep(False)
-            if self.sweep_budget != budget or not pending.remaining or not self.watched:
-                break
-            now = perf_counter()
-        self.spun += perf_counter() - started
 
     def schedule_tick(self) -> None:
         loop = self.asyncio_loop
