@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator, Sequence
@@ -59,6 +60,7 @@ RUN_LIMIT_S = 30.0
 """Generous bound on one run, exit of `async with Runtime()` included."""
 SETTLE_PASSES = 50
 """Loop passes a region held at its point keeps running after the injection (``event`` clock)."""
+HANDOVER_S = float(os.environ.get("HRX_HANDOVER_S", "10e-6"))
 MAX_POINTS = 5000
 REPEATS = 10
 """Sweeps of each scenario and injection in the slow test."""
@@ -290,9 +292,8 @@ class Injection:
                 await anyio.lowlevel.checkpoint()
                 # A loop of bare checkpoints keeps the interpreter lock from the worker
                 # thread that is to reach the point (it gets it once per switch interval,
-                # 5 ms, a hundred times slower on a compiled build); a moment's wait on the
-                # event hands it over.
-                self.hit.wait(100e-6)
+                # 5 ms); a moment's wait on the event hands it over.
+                self.hit.wait(HANDOVER_S)
         else:
             return
         self.fire()
