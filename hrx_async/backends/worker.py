@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -162,13 +163,10 @@ def _release_runtime_frames(error: BaseException) -> None:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        tb = current.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
+        for frame, _ in traceback.walk_tb(current.__traceback__):
             if str(frame.f_globals.get("__name__", "")).startswith("hrx_async."):
                 with contextlib.suppress(RuntimeError):  # still executing: not ours to clear
                     frame.clear()
-            tb = tb.tb_next
         current = current.__cause__ or current.__context__
 
 

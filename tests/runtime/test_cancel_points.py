@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator, Sequence
@@ -60,7 +59,8 @@ RUN_LIMIT_S = 30.0
 """Generous bound on one run, exit of `async with Runtime()` included."""
 SETTLE_PASSES = 50
 """Loop passes a region held at its point keeps running after the injection (``event`` clock)."""
-HANDOVER_S = float(os.environ.get("HRX_HANDOVER_S", "10e-6"))
+HANDOVER_S = 10e-6
+"""How long the ``event`` clock waits on the event between its checkpoints (see `ticker`)."""
 MAX_POINTS = 5000
 REPEATS = 10
 """Sweeps of each scenario and injection in the slow test."""
@@ -290,9 +290,9 @@ class Injection:
         elif self.clock == "event":
             while not self.hit.is_set():
                 await anyio.lowlevel.checkpoint()
-                # A loop of bare checkpoints keeps the interpreter lock from the worker
-                # thread that is to reach the point (it gets it once per switch interval,
-                # 5 ms); a moment's wait on the event hands it over.
+                # Waiting on the event releases the interpreter lock to the worker thread
+                # that is to reach the point: with bare checkpoints only, a compiled build
+                # spent minutes here once earlier tests had run in the same process.
                 self.hit.wait(HANDOVER_S)
         else:
             return
