@@ -360,14 +360,18 @@ class Submission:
         if not watch.watched:
             return False
         watch.sweep(False)
-        if self.remaining and watch.watched and not watch.leader:
-            watch.leader = True
-            return True
+        if self.remaining and watch.watched:
+            watch.spin_near_end(self)
+            if self.remaining and watch.watched and not watch.leader:
+                watch.leader = True
+                return True
         return False
 
     def sweep_again(self) -> bool:
         watch = self.scheduler.watch
         watch.sweep(True)
+        if self.remaining and watch.watched:
+            watch.spin_near_end(self)
         return bool(watch.watched)
 
     def release(self) -> None:

@@ -11,11 +11,18 @@ On asyncio the per-iteration sweep is a plain loop callback (the tick); on trio 
 is a task (`serve`), parked while nothing is watched or a task leads. Waking it is a
 bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
 `release` wakes it if work is left), because each wake costs the loop a task step.
+
+Close to the moment the work launched is expected to end (its region's learned duration
+after its launch), a task awaiting it keeps sweeping without yielding (`spin_near_end`),
+for at most `SPIN_S`, but only while the loop runs nothing else: on an idle loop a pass
+would only come back to the same sweep, a loop iteration later, so the end is noticed
+within a query instead of within a pass. A spin stops at the first fence it finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,6 +37,13 @@ POLL_CAP_S: Final = 0.001
 """The longest an otherwise idle loop sweeps a queue for one region before handing it back."""
 IDLE_GAP_S: Final = 100e-6
 """Loop iterations this close together (smoothed) mean the loop only spins for fences."""
+SPIN_AHEAD_S: Final = 6e-6
+"""How close to the expected end of the work launched an awaiting task starts spinning."""
+SPIN_S: Final = 20e-6
+"""The longest one spin lasts: it holds the loop, idle though the loop is."""
+SPIN_PASS_S: Final = 15e-6
+"""Loop passes this short (smoothed, spins left out) are passes of an idle loop: nothing
+but the awaiting task runs, which a spin then holds back from nothing."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
@@ -44,6 +58,20 @@ class QueueWatch:
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
+        self.pass_cost = POLL_CAP_S
+        """Smoothed time between loop passes, less the spins in them (`spin_near_end`)."""
+        self.spun = 0.0
+        """Seconds spun since the current pass began."""
+        self.ends: collections.deque[float] = collections.deque(maxlen=4 * SWEEP_LIMIT)
+        """When each region launched to the watched queues is expected to end, oldest
+        first, one taken off per fence finished (they finish about in launch order)."""
+        self.ready: Any = None
+        """asyncio: the loop's queue of ready callbacks, where it has one (a spin must not
+        hold back a ready callback)."""
+        if asyncio_loop is not None:
+            ready = getattr(asyncio_loop, "_ready", None)
+            if isinstance(ready, collections.deque):
+                self.ready = ready
         self.sweep_budget = SWEEP_LIMIT
         """Fences the current loop pass may still finish."""
         self.leader = False
@@ -77,6 +105,8 @@ class QueueWatch:
         watched = self.watched
         newly_watched = queue not in watched
         if newly_watched:
+            if not watched:
+                self.ends.clear()  # nothing watched is unfinished
             queue.watch()  # so its waiter never starts on this fence
             try:
                 fence: Fence = queue.submit(program, waits, preflight)
@@ -85,6 +115,7 @@ class QueueWatch:
                 raise
         else:
             fence = queue.submit(program, waits, preflight)
+        self.ends.append(now + expected)
         # An idle loop keeps sweeping until the region is overdue (see sweep).
         deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
         if newly_watched:
@@ -112,8 +143,10 @@ class QueueWatch:
             now = perf_counter()
             # Smoothed over a few iterations, so one quick pass of a busy loop is not idleness.
             gap = min(now - self.last_sweep, POLL_CAP_S)
-            self.sweep_gap = gap = 0.75 * self.sweep_gap + 0.25 * gap
-            idle = gap < IDLE_GAP_S
+            self.sweep_gap = 0.75 * self.sweep_gap + 0.25 * gap
+            idle = self.sweep_gap < IDLE_GAP_S
+            self.pass_cost = 0.75 * self.pass_cost + 0.25 * max(0.0, gap - self.spun)
+            self.spun = 0.0
             self.last_sweep = now
             self.sweep_budget = SWEEP_LIMIT
         budget = self.sweep_budget
@@ -135,7 +168,37 @@ class QueueWatch:
                     del watched[queue]
                     self.watched = {queue: deadline, **watched}
                 break
-        self.sweep_budget = budget
+        finished = self.sweep_budget - budget
+        if finished:
+            self.sweep_budget = budget
+            ends = self.ends
+            while finished and ends:
+                ends.popleft()
+                finished -= 1
+
+    def spin_near_end(self, pending: Any) -> None:
+        """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's
+        submission are unfinished, if the oldest region launched is expected to end within
+        `SPIN_AHEAD_S` and the loop runs nothing else (see the module's docstring); for at
+        most `SPIN_S`, and only until the first fence finishes, whoever's."""
+        if self.pass_cost > SPIN_PASS_S:
+            return
+        ready = self.ready
+        if ready is not None and len(ready) > self.tick_scheduled:
+            return  # (the watch's own tick may wait: a spin does its work)
+        ends = self.ends
+        started = perf_counter()
+        if not ends or started < ends[0] - SPIN_AHEAD_S:
+            return
+        until = started + SPIN_S
+        budget = self.sweep_budget
+        now = started
+        while now < until and budget > 0:
+            self.sweep(False)
+            if self.sweep_budget != budget or not pending.remaining or not self.watched:
+                break
+            now = perf_counter()
+        self.spun += perf_counter() - started
 
     def schedule_tick(self) -> None:
         loop = self.asyncio_loop
