@@ -1,0 +1,123 @@
+"""The watch's spin near the expected end of the work: when it spins, and when it stops.
+
+`QueueWatch` is driven directly here, over queues that answer sweeps from a script (what a
+stream queue answers: fences finished, whether any remain), so each rule is checked
+without depending on how fast this machine runs a loop pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from hrx_async._core.clock import perf_counter
+from hrx_async._runtime.watch import SPIN_AHEAD_S, SPIN_PASS_S, SPIN_S, QueueWatch
+from hrx_async.backends.worker import ThreadFence
+
+
+class ScriptedQueue:
+    """A watched queue whose work finishes at the `finish_at`-th sweep (never if None)."""
+
+    def __init__(self, finish_at: int | None) -> None:
+        self.finish_at = finish_at
+        self.sweeps = 0
+        self.watching = False
+
+    def submit(self, program: Any, waits: Any, preflight: Any) -> ThreadFence:
+        return ThreadFence()
+
+    def watch(self) -> None:
+        self.watching = True
+
+    def unwatch(self) -> None:
+        self.watching = False
+
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        self.sweeps += 1
+        if self.finish_at is not None and self.sweeps >= self.finish_at:
+            return 1, False
+        return 0, True
+
+
+class Pending:
+    """What the awaiting task's submission tells the spin: regions still unfinished."""
+
+    def __init__(self) -> None:
+        self.remaining = 1
+
+
+def launched(
+    queue: ScriptedQueue, expected: float, loop: asyncio.AbstractEventLoop | None = None
+) -> QueueWatch:
+    """A watch of an idle loop with `queue`'s one region launched just now, expected to take
+    `expected` seconds."""
+    watch = QueueWatch(loop)
+    watch.launch(queue, 30.0, None, (), None, expected, perf_counter())
+    watch.pass_cost = SPIN_PASS_S / 2  # passes of an idle loop
+    return watch
+
+
+def test_a_spin_near_the_end_stops_at_the_first_fence_it_finishes() -> None:
+    queue = ScriptedQueue(finish_at=5)
+    watch = launched(queue, expected=0.0)
+    watch.spin_near_end(Pending())
+    assert queue.sweeps == 5  # it kept sweeping without yielding until the work finished
+    assert not watch.watched and not queue.watching
+    assert not watch.ends  # the finished region's expected end is gone with it
+
+
+def test_no_spin_long_before_the_expected_end() -> None:
+    queue = ScriptedQueue(finish_at=1)
+    watch = launched(queue, expected=10.0)
+    watch.spin_near_end(Pending())
+    assert queue.sweeps == 0  # a pass of the loop comes long before the work can end
+
+
+def test_no_spin_on_a_busy_loop() -> None:
+    queue = ScriptedQueue(finish_at=1)
+    watch = launched(queue, expected=0.0)
+    watch.pass_cost = SPIN_PASS_S * 2  # passes that run other tasks too
+    watch.spin_near_end(Pending())
+    assert queue.sweeps == 0
+
+
+def test_no_spin_while_an_asyncio_callback_is_ready() -> None:
+    for other_callback in (True, False):
+        loop = asyncio.new_event_loop()
+        try:
+            queue = ScriptedQueue(finish_at=1)
+            watch = launched(queue, expected=0.0, loop=loop)
+            assert watch.tick_scheduled  # the launch scheduled the watch's tick
+            if other_callback:
+                loop.call_soon(lambda: None)
+            watch.spin_near_end(Pending())
+            # Another callback would wait for the spin; the tick may (a spin does its work).
+            assert queue.sweeps == (0 if other_callback else 1)
+        finally:
+            loop.close()
+
+
+def test_a_spin_that_finishes_nothing_ends_within_its_bound() -> None:
+    queue = ScriptedQueue(finish_at=None)
+    watch = launched(queue, expected=SPIN_AHEAD_S / 2)
+    started = time.perf_counter()
+    watch.spin_near_end(Pending())
+    elapsed = time.perf_counter() - started
+    assert queue.sweeps > 1
+    assert watch.watched  # still unfinished: the loop's passes (or its waiter) go on
+    # A bound, not a timing: a spin that ignored SPIN_S would never return.
+    assert elapsed < SPIN_S + 1.0
+    assert watch.spun > 0  # the next pass leaves the spin out of the loop's pass cost
+
+
+def test_a_new_watch_forgets_the_ends_of_work_finished_unwatched() -> None:
+    queue = ScriptedQueue(finish_at=None)
+    watch = launched(queue, expected=0.0)
+    watch.watched.clear()  # handed back: a waiter thread finishes it, the loop never hears
+    queue.unwatch()
+    later = ScriptedQueue(finish_at=1)
+    watch.launch(later, 30.0, None, (), None, 10.0, perf_counter())
+    assert list(watch.ends) == [watch.ends[0]] and watch.ends[0] > perf_counter() + 5
+    watch.spin_near_end(Pending())
+    assert later.sweeps == 0  # the stale end of the first region does not start a spin
