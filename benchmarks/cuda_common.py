@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from core_speed import workload
 
 import hrx_async as hrx
 import hrx_async._runtime.watch as watch_module
@@ -270,12 +271,22 @@ def run(
     backend, options = ("trio", {}) if args.loop == "trio" else ("asyncio", {})
     if args.loop == "uvloop":
         options = {"use_uvloop": True}
+    before = host_speed_us()
     report: dict[str, Any] = anyio.run(main, args, backend=backend, backend_options=options)
+    # Interpreted code runs up to 2-3x slower on some virtual CPUs, and a CPU's speed can
+    # change while a benchmark runs (`core_speed.py`): each report says how fast the
+    # process's CPU ran the same small workload before and after it.
+    report["host_speed_us"] = {"before": before, "after": host_speed_us()}
     report["loop"] = args.loop
     report["fence_wait"] = os.environ.get("HRX_CUDA_FENCE_WAIT", "spin")
     report["python"] = platform.python_version()
     report["command"] = " ".join([os.path.basename(sys.executable), *sys.argv])
     print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2))
+
+
+def host_speed_us() -> float:
+    """Best of three runs of `core_speed.workload` on the CPU this process runs on, µs."""
+    return round(min(workload(20000) for _ in range(3)) * 1e6, 1)
 
 
 def summary(samples: list[float], scale: float = 1e6) -> dict[str, float]:
