@@ -153,21 +153,31 @@ class QueueWatch:
         if budget <= 0:
             return
         watched = self.watched
-        # The queue watched last first: work chained across queues is usually launched in
-        # its order, and a fence finished downstream finishes what it waited for upstream
-        # without a query there (a stream backend's fences prove what they waited for).
-        for queue, deadline in list(reversed(watched.items())):
+        if len(watched) == 1:
+            # One queue (the usual case): no copy of the dictionary to walk.
+            queue = next(iter(watched))
             finished, remaining = queue.sweep(budget)
             budget -= finished
-            if not remaining or (idle and now > deadline):
+            if not remaining or (idle and now > watched[queue]):
                 del watched[queue]
                 queue.unwatch()
-            if budget <= 0:
-                if queue in watched and len(watched) > 1:
-                    # The others get the first turn next pass: it moves to the far end.
+        else:
+            # The queue watched last first: work chained across queues is usually launched
+            # in its order, and a fence finished downstream finishes what it waited for
+            # upstream without a query there (a stream backend's fences prove what they
+            # waited for).
+            for queue, deadline in list(reversed(watched.items())):
+                finished, remaining = queue.sweep(budget)
+                budget -= finished
+                if not remaining or (idle and now > deadline):
                     del watched[queue]
-                    self.watched = {queue: deadline, **watched}
-                break
+                    queue.unwatch()
+                if budget <= 0:
+                    if queue in watched and len(watched) > 1:
+                        # The others get the first turn next pass: it moves to the far end.
+                        del watched[queue]
+                        self.watched = {queue: deadline, **watched}
+                    break
         finished = self.sweep_budget - budget
         if finished:
             self.sweep_budget = budget
