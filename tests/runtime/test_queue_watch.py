@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from hrx_async._core.clock import perf_counter
-from hrx_async._runtime.watch import SPIN_AHEAD_S, SPIN_PASS_S, SPIN_S, QueueWatch
+from hrx_async._runtime.watch import SPIN_PASS_S, SPIN_REGION_S, SPIN_S, QueueWatch
 from hrx_async.backends.worker import ThreadFence
 
 
@@ -47,20 +47,27 @@ class Pending:
         self.remaining = 1
 
 
+LONG_S = 2 * SPIN_REGION_S
+"""A region long enough to spin for."""
+
+
 def launched(
-    queue: ScriptedQueue, expected: float, loop: asyncio.AbstractEventLoop | None = None
+    queue: ScriptedQueue,
+    expected: float = LONG_S,
+    ago: float = LONG_S,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> QueueWatch:
-    """A watch of an idle loop with `queue`'s one region launched just now, expected to take
-    `expected` seconds."""
+    """A watch of an idle loop with `queue`'s one region launched `ago` seconds ago,
+    expected to take `expected` seconds (by default: a long region, due now)."""
     watch = QueueWatch(loop)
-    watch.launch(queue, 30.0, None, (), None, expected, perf_counter())
+    watch.launch(queue, 30.0, None, (), None, expected, perf_counter() - ago)
     watch.pass_cost = SPIN_PASS_S / 2  # passes of an idle loop
     return watch
 
 
 def test_a_spin_near_the_end_stops_at_the_first_fence_it_finishes() -> None:
     queue = ScriptedQueue(finish_at=5)
-    watch = launched(queue, expected=0.0)
+    watch = launched(queue)
     watch.spin_near_end(Pending())
     assert queue.sweeps == 5  # it kept sweeping without yielding until the work finished
     assert not watch.watched and not queue.watching
@@ -69,14 +76,29 @@ def test_a_spin_near_the_end_stops_at_the_first_fence_it_finishes() -> None:
 
 def test_no_spin_long_before_the_expected_end() -> None:
     queue = ScriptedQueue(finish_at=1)
-    watch = launched(queue, expected=10.0)
+    watch = launched(queue, expected=10.0, ago=0.0)
     watch.spin_near_end(Pending())
     assert queue.sweeps == 0  # a pass of the loop comes long before the work can end
 
 
+def test_no_spin_for_a_short_region() -> None:
+    queue = ScriptedQueue(finish_at=1)
+    watch = launched(queue, expected=SPIN_REGION_S / 10, ago=1.0)
+    watch.spin_near_end(Pending())
+    assert queue.sweeps == 0  # its end is noticed within a pass or two anyway
+
+
+def test_no_spin_with_more_than_one_region_in_flight() -> None:
+    first, second = ScriptedQueue(finish_at=1), ScriptedQueue(finish_at=1)
+    watch = launched(first)
+    watch.launch(second, 30.0, None, (), None, LONG_S, perf_counter() - LONG_S)
+    watch.spin_near_end(Pending())
+    assert first.sweeps == second.sweeps == 0  # a pipeline's passes keep its host work going
+
+
 def test_no_spin_on_a_busy_loop() -> None:
     queue = ScriptedQueue(finish_at=1)
-    watch = launched(queue, expected=0.0)
+    watch = launched(queue)
     watch.pass_cost = SPIN_PASS_S * 2  # passes that run other tasks too
     watch.spin_near_end(Pending())
     assert queue.sweeps == 0
@@ -87,7 +109,7 @@ def test_no_spin_while_an_asyncio_callback_is_ready() -> None:
         loop = asyncio.new_event_loop()
         try:
             queue = ScriptedQueue(finish_at=1)
-            watch = launched(queue, expected=0.0, loop=loop)
+            watch = launched(queue, loop=loop)
             assert watch.tick_scheduled  # the launch scheduled the watch's tick
             if other_callback:
                 loop.call_soon(lambda: None)
@@ -100,7 +122,7 @@ def test_no_spin_while_an_asyncio_callback_is_ready() -> None:
 
 def test_a_spin_that_finishes_nothing_ends_within_its_bound() -> None:
     queue = ScriptedQueue(finish_at=None)
-    watch = launched(queue, expected=SPIN_AHEAD_S / 2)
+    watch = launched(queue)
     started = time.perf_counter()
     watch.spin_near_end(Pending())
     elapsed = time.perf_counter() - started
@@ -113,7 +135,7 @@ def test_a_spin_that_finishes_nothing_ends_within_its_bound() -> None:
 
 def test_a_new_watch_forgets_the_ends_of_work_finished_unwatched() -> None:
     queue = ScriptedQueue(finish_at=None)
-    watch = launched(queue, expected=0.0)
+    watch = launched(queue)
     watch.watched.clear()  # handed back: a waiter thread finishes it, the loop never hears
     queue.unwatch()
     later = ScriptedQueue(finish_at=1)
