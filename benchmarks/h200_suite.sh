@@ -9,7 +9,10 @@
 # adds {"benchmark": ..., "loop": ..., "error": ...} instead, and the suite goes on.
 # Standard error of every run goes to ${OUT:-.}/h200_suite.log as well as to the terminal.
 # About 4-5 minutes on an H200 with 16 cores. PYTHON (default python3) and
-# SUITE_TIMEOUT_S (per benchmark, default 90) may be set.
+# SUITE_TIMEOUT_S (per benchmark, default 90) may be set. PIN_FASTEST=1 runs each benchmark
+# pinned to the CPU that runs Python fastest at its launch (benchmarks/core_speed.py): on a
+# virtual machine whose CPUs differ in speed, the ratios then follow the code, not the CPU
+# the process happened to land on (each report's host_speed_us says how fast it ran).
 
 set -o pipefail
 set -u
@@ -53,7 +56,11 @@ run_one() {
     stderr_file="$(mktemp)"
     echo "== $name --loop $loop $*" >&2
     echo "== $(date -u +%FT%TZ) $name --loop $loop $*" >>"$LOG"
-    timeout -k 10 "$LIMIT" "$PYTHON" "$script" --loop "$loop" --json "$@" \
+    local pin=()
+    if [ "${PIN_FASTEST:-0}" = 1 ]; then
+        pin=(taskset -c "$("$PYTHON" benchmarks/core_speed.py --fastest --tries 2 --rounds 10000)")
+    fi
+    timeout -k 10 "$LIMIT" ${pin[@]+"${pin[@]}"} "$PYTHON" "$script" --loop "$loop" --json "$@" \
         >"$stdout_file" 2>"$stderr_file"
     rc=$?
     cat "$stderr_file" >&2
