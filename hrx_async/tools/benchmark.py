@@ -218,11 +218,13 @@ class LoopLag:
 
     async def run(self) -> None:
         """The ticker: runs until cancelled."""
+        # Timed with `perf_counter`, not the loop's clock: uvloop's clock counts whole
+        # milliseconds, which would round every lag to 0 or 1 ms.
         while True:
-            deadline = anyio.current_time() + self.interval
+            deadline = time.perf_counter() + self.interval
             await anyio.sleep(self.interval)
             # Timers may fire a hair early (clock granularity); early is not lag.
-            self._lags_s.append(max(0.0, anyio.current_time() - deadline))
+            self._lags_s.append(max(0.0, time.perf_counter() - deadline))
 
     async def __aenter__(self) -> Self:
         if self._group is not None:

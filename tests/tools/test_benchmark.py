@@ -268,3 +268,19 @@ def test_native_profile_summary_charges_samples_to_the_deepest_runtime_frame(
     assert lines[1].split() == ["60.0%", "driver", "CudaTable.graph_launch", "[py]"]
     assert lines[2].split() == ["30.0%", "scheduler___Scheduler___submit"]
     assert lines[3].split() == ["10.0%", "main", "[py]"]
+
+
+def test_loop_lag_is_not_rounded_to_the_loops_clock_on_uvloop() -> None:
+    pytest.importorskip("uvloop")
+
+    async def measure() -> list[float]:
+        async with LoopLag(interval=0.001) as lag:
+            for _ in range(20):
+                await anyio.sleep(0.001)
+                time.sleep(0.0003)  # some work between the ticks
+        return lag.samples_ms
+
+    samples = anyio.run(measure, backend="asyncio", backend_options={"use_uvloop": True})
+    assert samples
+    # uvloop's clock counts whole milliseconds: timed with it, every lag would be 0 or 1 ms.
+    assert any(abs(sample - round(sample)) > 1e-3 for sample in samples)
