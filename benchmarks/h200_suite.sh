@@ -92,6 +92,7 @@ for loop in asyncio uvloop trio; do
     run_one cuda_floor "$loop" benchmarks/cuda_floor.py --pairs 2000
     run_one cuda_latency "$loop" benchmarks/cuda_latency.py --pairs 2000
     run_one cuda_overhead "$loop" benchmarks/cuda_overhead.py
+    run_one cuda_long_region "$loop" benchmarks/cuda_long_region.py --replays 1000 --log-calls
     run_one cuda_replay "$loop" benchmarks/cuda_replay.py --replays 4000
     run_one cuda_single_launch "$loop" benchmarks/cuda_single_launch.py --replays 4000
     run_one cuda_pipeline "$loop" benchmarks/cuda_pipeline.py --replays 8000
