@@ -137,6 +137,26 @@ class Direct:
         check(self.rt.cudaStreamSynchronize(stream))
 
 
+def fill_copy(rt: Any, direct: Direct, nbytes: int) -> tuple[Any, Any, Any]:
+    """Fill `nbytes` of GPU memory with 3 and copy it to a second buffer, twice over: as the
+    runtime's prepared graph (one region) and captured by hand into a CUDA graph on a
+    stream of its own. Returns (prepared graph, by-hand graph exec, its stream)."""
+    a = rt.allocate(nbytes, hrx.GPU_LOCAL)
+    b = rt.allocate(nbytes, hrx.GPU_LOCAL)
+    graph = rt.graph("fill-copy")
+    graph.fill(a.view(), 3)
+    graph.copy(b.view(), a.view())
+    prepared = graph.prepare()
+    da, db = direct.malloc(nbytes), direct.malloc(nbytes)
+    stream = direct.stream()
+
+    def issue(s: Any) -> None:
+        direct.memset(da, 3, nbytes, s)
+        direct.memcpy(db, da, nbytes, s)
+
+    return prepared, direct.capture(stream, issue), stream
+
+
 def pinned(pointer: int, nbytes: int) -> np.ndarray[Any, Any]:
     """A numpy view of `nbytes` of pinned host memory at `pointer`."""
     return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(pointer), np.uint8)

@@ -33,7 +33,7 @@ import statistics
 import time
 from typing import Any
 
-from cuda_common import Direct, check, configure, parser, run
+from cuda_common import Direct, check, configure, fill_copy, parser, run
 
 import hrx_async as hrx
 from hrx_async._runtime import watch as watch_module
@@ -110,24 +110,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     api = direct.rt
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         settings = configure(rt, args)
-        a = rt.allocate(nbytes, hrx.GPU_LOCAL)
-        b = rt.allocate(nbytes, hrx.GPU_LOCAL)
-        graph = rt.graph("fill-copy")
-        graph.fill(a.view(), 3)
-        graph.copy(b.view(), a.view())
-        prepared = graph.prepare()
+        prepared, direct_exec, stream = fill_copy(rt, direct, nbytes)
         program = prepared.programs[0]
         assert len(prepared.regions) == 1 and program.native_graph
         runtime_exec = program.graph_exec
-
-        da, db = direct.malloc(nbytes), direct.malloc(nbytes)
-        stream = direct.stream()
-
-        def issue(s: Any) -> None:
-            direct.memset(da, 3, nbytes, s)
-            direct.memcpy(db, da, nbytes, s)
-
-        direct_exec = direct.capture(stream, issue)
         event = direct.event()
         timing = [check(api.cudaEventCreate()) for _ in range(2)]
 

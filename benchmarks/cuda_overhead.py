@@ -12,7 +12,7 @@ import argparse
 import time
 from typing import Any
 
-from cuda_common import Direct, configure, parser, run, summary
+from cuda_common import Direct, configure, fill_copy, parser, run, summary
 
 import hrx_async as hrx
 from hrx_async.tools.benchmark import paired
@@ -23,22 +23,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     direct = Direct()
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         settings = configure(rt, args)
-        a = rt.allocate(nbytes, hrx.GPU_LOCAL)
-        b = rt.allocate(nbytes, hrx.GPU_LOCAL)
-        graph = rt.graph("fill-copy")
-        graph.fill(a.view(), 3)
-        graph.copy(b.view(), a.view())
-        prepared = graph.prepare()
+        prepared, graph_exec, stream = fill_copy(rt, direct, nbytes)
         assert len(prepared.regions) == 1 and prepared.programs[0].native_graph
-
-        da, db = direct.malloc(nbytes), direct.malloc(nbytes)
-        stream = direct.stream()
-
-        def issue(s: Any) -> None:
-            direct.memset(da, 3, nbytes, s)
-            direct.memcpy(db, da, nbytes, s)
-
-        graph_exec = direct.capture(stream, issue)
         rt_api = direct.rt
 
         async def coordinated() -> None:

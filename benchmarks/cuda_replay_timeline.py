@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from cuda_common import Direct, configure, parser, run
+from cuda_common import Direct, configure, fill_copy, parser, run
 
 import hrx_async as hrx
 
@@ -34,20 +34,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         settings = configure(rt, args)
         for nbytes in (4096, args.mib << 20):
-            a = rt.allocate(nbytes, hrx.GPU_LOCAL)
-            b = rt.allocate(nbytes, hrx.GPU_LOCAL)
-            graph = rt.graph("fill-copy")
-            graph.fill(a.view(), 3)
-            graph.copy(b.view(), a.view())
-            prepared = graph.prepare()
-            da, db = direct.malloc(nbytes), direct.malloc(nbytes)
-            stream = direct.stream()
-
-            def issue(s: Any, da: int = da, db: int = db, nbytes: int = nbytes) -> None:
-                direct.memset(da, 3, nbytes, s)
-                direct.memcpy(db, da, nbytes, s)
-
-            graph_exec = direct.capture(stream, issue)
+            prepared, graph_exec, stream = fill_copy(rt, direct, nbytes)
             event = direct.event()
             times: dict[str, list[float]] = {
                 name: []
