@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 
 from .._core.clock import get_ident, perf_counter
 from ..errors import Busy, ContractError, Unsupported
+from .notify import LoopNotifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,11 @@ class CompletionSource(Protocol):
 
     def release(self) -> None:
         """The leader stops sweeping."""
+        ...
+
+    def wake_lead(self) -> LoopNotifier | None:
+        """trio, before the awaiting task parks: the notifier whose wake-up socket it is to
+        wait on itself (`LoopNotifier.lead`), or None to park until woken."""
         ...
 
 
@@ -193,6 +199,7 @@ class Completion:
     __slots__ = (
         "_callbacks",
         "_error",
+        "_leader",
         "_loop",
         "_signal",
         "_source",
@@ -221,6 +228,8 @@ class Completion:
         self._error: BaseException | None = None
         self._signal: Signal | None = None
         """What awaiting tasks park on, made when the first one does."""
+        self._leader: LoopNotifier | None = None
+        """trio: the notifier whose wake-up socket the awaiting task waits on."""
         self._thread_event: threading.Event | None = None
         self.wait_check: Callable[[Completion], None] | None = None
         """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
@@ -239,6 +248,9 @@ class Completion:
         # the event after publishing `finished_at`, so one of the two sees the other.
         self.finished_at = perf_counter()
         thread_event = self._thread_event
+        leader = self._leader
+        if leader is not None:
+            leader.nudge()
         signal = self._signal
         if signal is not None:
             self._signal = None
@@ -410,6 +422,22 @@ class Completion:
             finally:
                 source.release()
             if self.done():
+                return
+        if loop is None and source is not None:
+            notifier = source.wake_lead()
+            if notifier is not None:
+                # This task reads the wake-up socket itself: a post from a worker thread
+                # resumes it in the pass that runs the post, not one pass later.
+                self._leader = notifier
+                wait_readable = trio_lowlevel().wait_readable
+                fd = notifier.wake_fd
+                try:
+                    while not self.done():  # (not the attribute: see above)
+                        yield from wait_readable(fd).__await__()
+                        notifier.woken()
+                finally:
+                    self._leader = None
+                    notifier.step_down()
                 return
         signal = self._signal
         if signal is None:

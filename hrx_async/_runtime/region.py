@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .._core.memory import Buffer
     from .._core.tracker import AccessTracker
     from ..backends.base import Fence
+    from .notify import LoopNotifier
 
 # Final, so the compiled modules read them as constants, not as a globals lookup each.
 QUEUED: Final = 0
@@ -379,6 +380,15 @@ class Submission:
         watch.leader = False
         if watch.watched:
             watch.schedule_tick()
+
+    def wake_lead(self) -> LoopNotifier | None:
+        """The notifier, when the awaiting task is to wait on its wake-up socket: while
+        queues are watched, the loop's sweeps finish regions, not posts."""
+        scheduler = self.scheduler
+        if scheduler.watch.watched:
+            return None
+        notifier = scheduler.notifier
+        return notifier if notifier.lead() else None
 
     def cancel(self) -> bool:
         """Skip every region that has not passed its last check; True if there was one.

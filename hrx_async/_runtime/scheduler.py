@@ -621,3 +621,4 @@ class Scheduler(Outcomes):
         for lane in self.lanes.values():
             lane.close()
         self.watch.close()
+        self.notifier.close()
