@@ -15,7 +15,8 @@ bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
 A task awaiting one long region alone (nothing else launched is unfinished, the region's
 learned duration at least `SPIN_REGION_S`) keeps sweeping without yielding close to the
 moment the region is expected to end (`spin_near_end`), for at most `SPIN_S`, and only
-while the loop runs nothing else: on an idle loop a pass would only come back to the same
+while the loop runs nothing else (passes short for the loop; no other callback ready on
+asyncio, no other task runnable on trio): on an idle loop a pass would only come back to the same
 sweep, a loop iteration later, so the end is noticed within a query instead of within a
 pass. A spin stops at the first fence it finishes. Measured on an H200, this took a
 ~200 µs region's detection from one loop pass after its end to one query; spinning for
@@ -44,12 +45,16 @@ IDLE_GAP_S: Final = 100e-6
 SPIN_REGION_S: Final = 50e-6
 """The shortest learned duration of a region whose end an awaiting task spins for."""
 SPIN_AHEAD_S: Final = 6e-6
-"""How close to the region's expected end an awaiting task starts spinning."""
+"""How close to the region's expected end an awaiting task starts spinning, at the least:
+within one loop pass of it, when a pass takes longer (the next pass may come after it)."""
 SPIN_S: Final = 20e-6
 """The longest one spin lasts: it holds the loop, idle though the loop is."""
 SPIN_PASS_S: Final = 15e-6
 """Loop passes this short (smoothed, spins left out) are passes of an idle loop: nothing
 but the awaiting task runs, which a spin then holds back from nothing."""
+SPIN_PASS_TRIO_S: Final = 30e-6
+"""The same on trio, whose run loop does about twice the Python per pass of asyncio's (an
+idle pass took 7-10 µs on the H200's slow CPUs, where asyncio's took 4)."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
@@ -76,6 +81,11 @@ class QueueWatch:
         self.ready: Any = None
         """asyncio: the loop's queue of ready callbacks, where it has one (a spin must not
         hold back a ready callback)."""
+        self.statistics: Callable[[], Any] | None = None
+        """trio: `trio.lowlevel.current_statistics`, set when the watcher starts (a spin
+        must not hold back a runnable task)."""
+        self.idle_pass_s = SPIN_PASS_S if asyncio_loop is not None else SPIN_PASS_TRIO_S
+        """The longest smoothed pass of an idle loop, on this loop."""
         if asyncio_loop is not None:
             ready = getattr(asyncio_loop, "_ready", None)
             if isinstance(ready, collections.deque):
@@ -198,19 +208,26 @@ class QueueWatch:
     def spin_near_end(self, pending: Any) -> None:
         """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's
         submission are unfinished, if one long region alone is unfinished, it is expected to
-        end within `SPIN_AHEAD_S` and the loop runs nothing else (see the module's
-        docstring); for at most `SPIN_S`, and only until the first fence finishes."""
+        end within `SPIN_AHEAD_S` or one loop pass and the loop runs nothing else (see the
+        module's docstring); for at most `SPIN_S`, and only until the first fence finishes."""
         ends = self.ends
         if len(ends) != 1 or ends[0] - self.last_launch < SPIN_REGION_S:
             return
-        if self.pass_cost > SPIN_PASS_S:
+        pass_cost = self.pass_cost
+        if pass_cost > self.idle_pass_s:
             return
         ready = self.ready
         if ready is not None and len(ready) > self.tick_scheduled:
             return  # (the watch's own tick may wait: a spin does its work)
         started = perf_counter()
-        if started < ends[0] - SPIN_AHEAD_S:
+        if started < ends[0] - max(SPIN_AHEAD_S, pass_cost):
             return
+        statistics = self.statistics
+        if statistics is not None:
+            # Asked last, as it builds an object: once per pass near the end at most.
+            found = statistics()
+            if found.tasks_runnable or found.run_sync_soon_queue_size:
+                return
         until = started + SPIN_S
         budget = self.sweep_budget
         now = started
@@ -252,6 +269,7 @@ class QueueWatch:
 
         task = lowlevel.current_task()
         self.reschedule = lowlevel.reschedule
+        self.statistics = lowlevel.current_statistics
         with anyio.CancelScope(shield=True):
             while not self.closed:
                 if not self.watched or self.leader:

@@ -11,8 +11,17 @@ import asyncio
 import time
 from typing import Any
 
+import trio
+
 from hrx_async._core.clock import perf_counter
-from hrx_async._runtime.watch import SPIN_PASS_S, SPIN_REGION_S, SPIN_S, QueueWatch
+from hrx_async._runtime.watch import (
+    SPIN_AHEAD_S,
+    SPIN_PASS_S,
+    SPIN_PASS_TRIO_S,
+    SPIN_REGION_S,
+    SPIN_S,
+    QueueWatch,
+)
 from hrx_async.backends.worker import ThreadFence
 
 
@@ -99,7 +108,7 @@ def test_no_spin_with_more_than_one_region_in_flight() -> None:
 def test_no_spin_on_a_busy_loop() -> None:
     queue = ScriptedQueue(finish_at=1)
     watch = launched(queue)
-    watch.pass_cost = SPIN_PASS_S * 2  # passes that run other tasks too
+    watch.pass_cost = watch.idle_pass_s * 2  # passes that run other tasks too
     watch.spin_near_end(Pending())
     assert queue.sweeps == 0
 
@@ -143,3 +152,42 @@ def test_a_new_watch_forgets_the_ends_of_work_finished_unwatched() -> None:
     assert list(watch.ends) == [watch.ends[0]] and watch.ends[0] > perf_counter() + 5
     watch.spin_near_end(Pending())
     assert later.sweeps == 0  # the stale end of the first region does not start a spin
+
+
+def test_a_spin_starts_within_one_pass_of_the_end_when_passes_are_long() -> None:
+    # A trio watch whose idle passes are slow (as on a slow CPU): the end comes sooner than
+    # the next pass would, though later than SPIN_AHEAD_S from now.
+    pass_s = SPIN_PASS_TRIO_S * 0.9
+    assert pass_s > 3 * SPIN_AHEAD_S
+    queue = ScriptedQueue(finish_at=1)
+    watch = launched(queue, expected=LONG_S, ago=LONG_S - pass_s * 0.8)
+    watch.pass_cost = pass_s
+    watch.spin_near_end(Pending())
+    assert queue.sweeps == 1  # spun, and the first sweep finished the region
+
+
+def test_the_idle_pass_bound_is_the_loops_own() -> None:
+    assert QueueWatch(None).idle_pass_s == SPIN_PASS_TRIO_S  # trio
+    loop = asyncio.new_event_loop()
+    try:
+        assert QueueWatch(loop).idle_pass_s == SPIN_PASS_S
+    finally:
+        loop.close()
+
+
+def test_no_spin_on_trio_while_another_task_is_runnable() -> None:
+    sweeps: list[int] = []
+
+    async def main() -> None:
+        for other_task in (True, False):
+            queue = ScriptedQueue(finish_at=1)
+            watch = launched(queue)
+            watch.statistics = trio.lowlevel.current_statistics
+            async with trio.open_nursery() as nursery:
+                if other_task:
+                    nursery.start_soon(trio.lowlevel.checkpoint)  # runnable, not run yet
+                watch.spin_near_end(Pending())
+                sweeps.append(queue.sweeps)
+
+    trio.run(main)
+    assert sweeps == [0, 1]
