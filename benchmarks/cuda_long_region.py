@@ -18,7 +18,9 @@ turns (each pair of the cycle alternates which goes first), medians in µs:
 
 For `coordinated`, the completion's `finished_at` against the call; with `--log-calls`,
 when its launch returned and when its event queries answered "not ready" last and "ready"
-first (from the call), and how many queries it made; and (on the pure
+first (from the call), how many queries it made, the share of replays whose end a spin
+caught (`QueueWatch.spin_near_end`), where the watch expected the end (`expected_end`) and
+its smoothed loop pass at the end (`pass_cost_at_end_us`); and (on the pure
 build, where the watch's methods can be wrapped) how many sweeps the loop made per replay
 and the median gap between them.
 
@@ -37,6 +39,9 @@ from cuda_common import Direct, check, configure, fill_copy, parser, run
 
 import hrx_async as hrx
 from hrx_async._runtime import watch as watch_module
+
+SPIN_SEEN_S = 4e-6
+"""Three or more "not ready" queries this close before the first "ready" one: a spin."""
 
 
 def us(values: list[float]) -> float:
@@ -164,8 +169,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "launch_returned": [],
             "last_query_not_ready": [],
             "first_query_ready": [],
+            "expected_end": [],
         }
         query_counts: list[int] = []
+        spun: list[bool] = []
+        pass_costs: list[float] = []
+        watch = rt._scheduler_or_raise().watch
         sweep_counts: list[int] = []
         sweep_gaps: list[float] = []
 
@@ -177,6 +186,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 calls.active = True
             t0 = time.perf_counter()
             completion = prepared.submit()
+            expected_end = watch.ends[-1] - t0 if watch.ends else None
             await completion
             t1 = time.perf_counter()
             sweeps.active = False
@@ -190,7 +200,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     moments["last_query_not_ready"].append(waiting[-1] - t0)
                 if ready:
                     moments["first_query_ready"].append(ready[0] - t0)
+                    # A spin queries back to back: several queries just before the end.
+                    near = [at for at in waiting if ready[0] - at < SPIN_SEEN_S]
+                    spun.append(len(near) >= 3)
+                if expected_end is not None:
+                    moments["expected_end"].append(expected_end)
                 query_counts.append(len(calls.queries))
+                pass_costs.append(watch.pass_cost)
             if record:
                 times["coordinated"].append(t1 - t0)
                 assert completion.finished_at is not None
@@ -249,6 +265,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         },
         "from_the_call_us": {name: us(values) for name, values in moments.items() if values},
         "queries_per_replay": statistics.median(query_counts) if query_counts else None,
+        "spun_share": round(sum(spun) / len(spun), 3) if spun else None,
+        "pass_cost_at_end_us": us(pass_costs) if pass_costs else None,
         "sweeps_per_replay": statistics.median(sweep_counts) if sweep_counts else None,
         "sweep_gap_us": us(sweep_gaps) if sweep_gaps else None,
         "fences_finished_by_loop": info.get("fences_finished_by_loop"),
