@@ -45,8 +45,8 @@ IDLE_GAP_S: Final = 100e-6
 SPIN_REGION_S: Final = 50e-6
 """The shortest learned duration of a region whose end an awaiting task spins for."""
 SPIN_AHEAD_S: Final = 6e-6
-"""How close to the region's expected end an awaiting task starts spinning, at the least:
-within one loop pass of it, when a pass takes longer (the next pass may come after it)."""
+"""How close to the region's expected end, less one loop pass, an awaiting task starts
+spinning (the expected end is learned from when ends were noticed: up to a pass late)."""
 SPIN_S: Final = 20e-6
 """The longest one spin lasts: it holds the loop, idle though the loop is."""
 SPIN_PASS_S: Final = 15e-6
@@ -208,7 +208,7 @@ class QueueWatch:
     def spin_near_end(self, pending: Any) -> None:
         """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's
         submission are unfinished, if one long region alone is unfinished, it is expected to
-        end within `SPIN_AHEAD_S` or one loop pass and the loop runs nothing else (see the
+        end within `SPIN_AHEAD_S` and one loop pass and the loop runs nothing else (see the
         module's docstring); for at most `SPIN_S`, and only until the first fence finishes."""
         ends = self.ends
         if len(ends) != 1 or ends[0] - self.last_launch < SPIN_REGION_S:
@@ -220,7 +220,9 @@ class QueueWatch:
         if ready is not None and len(ready) > self.tick_scheduled:
             return  # (the watch's own tick may wait: a spin does its work)
         started = perf_counter()
-        if started < ends[0] - max(SPIN_AHEAD_S, pass_cost):
+        # The expected end is learned from when ends were noticed, up to a pass after they
+        # came: a pass earlier is when this one may have come already.
+        if started < ends[0] - SPIN_AHEAD_S - pass_cost:
             return
         statistics = self.statistics
         if statistics is not None:
