@@ -1,0 +1,163 @@
+"""How soon the runtime notices the end of a long region, on any machine, no GPU needed.
+
+The `cuda` backend's code runs over the host driver table of `instant_driver.py`, except
+that an event finishes `--region-us` after it is recorded (a query answers by the clock).
+Each replay of a 1-node graph is awaited, then the loop is polled by hand for as long
+and the thread waits three times as long, as `cuda_long_region.py`'s other ways take
+their turns on a GPU. Medians, in µs from the moment the region's event finished: the
+last query that answered "not ready" (negative: before the end), the first that answered
+"ready", the completion resolving and the awaiting task resuming; how many queries a
+replay made, the share of replays whose end a spin caught (several queries just before
+it; `QueueWatch.spin_near_end`) and the watch's smoothed loop pass at the end.
+
+    python benchmarks/timed_driver.py [--loop asyncio|trio] [--region-us 200] [--replays 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from instant_driver import instant_table, one_node
+
+import hrx_async as hrx
+import hrx_async._runtime.session as runtime_module
+from hrx_async._build import build
+from hrx_async.backends._stream import StreamBackend
+from hrx_async.backends.kernel_cache import KernelCache
+
+SPIN_SEEN_S = 4e-6
+"""Three or more "not ready" queries this close before the first "ready" one: a spin."""
+
+
+class TimedEvent:
+    """An event that finishes at `done_at` (perf_counter seconds), once recorded."""
+
+    __slots__ = ("done_at",)
+
+    def __init__(self) -> None:
+        self.done_at = float("inf")
+
+
+class Queries:
+    """The answers of the queries of the replay under way, with their times."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[float, bool]] = []
+        self.last: TimedEvent | None = None
+
+
+def timed_backend(region_s: float, queries: Queries) -> None:
+    """Make `Runtime(backend="cuda")` open a stream backend over the timed driver."""
+    table = instant_table()
+
+    def record(event: TimedEvent, stream: Any) -> None:
+        event.done_at = time.perf_counter() + region_s
+        queries.last = event
+
+    def query(event: TimedEvent) -> bool:
+        now = time.perf_counter()
+        done = now >= event.done_at
+        queries.answers.append((now, done))
+        return done
+
+    def synchronize(event: TimedEvent) -> None:
+        while time.perf_counter() < event.done_at:
+            pass
+
+    table.event_create = lambda blocking: TimedEvent()  # type: ignore[method-assign]
+    table.event_record = record  # type: ignore[method-assign]
+    table.event_query = query  # type: ignore[method-assign]
+    table.event_synchronize = synchronize  # type: ignore[method-assign]
+    cache = KernelCache(Path(tempfile.mkdtemp()))
+
+    def open_timed(name: str, devices: Any = (0,)) -> tuple[StreamBackend, list[str]]:
+        return StreamBackend(table, devices[0], "timed", cache=cache), []
+
+    runtime_module.open_gpu_backend = open_timed  # type: ignore[assignment]
+
+
+def us(values: list[float]) -> float:
+    return round(statistics.median(values) * 1e6, 2)
+
+
+async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
+    region_s = args.region_us * 1e-6
+    if args.loop == "trio":
+        import trio
+
+        yield_once = trio.lowlevel.checkpoint
+    else:
+        import asyncio
+
+        async def yield_once() -> None:
+            await asyncio.sleep(0)
+
+    moments: dict[str, list[float]] = {
+        name: [] for name in ("last_not_ready", "first_ready", "resolved", "resumed")
+    }
+    counts: list[int] = []
+    spun: list[bool] = []
+    pass_costs: list[float] = []
+    async with hrx.Runtime(backend="cuda", npu=None) as rt:
+        watch = rt._scheduler_or_raise().watch
+        prepared = one_node(rt)
+        for index in range(args.warmup + args.replays):
+            queries.answers.clear()
+            completion = prepared.submit()
+            await completion
+            resumed = time.perf_counter()
+            if index >= args.warmup:
+                assert queries.last is not None and completion.finished_at is not None
+                end = queries.last.done_at
+                waiting = [at for at, done in queries.answers if not done]
+                ready = [at for at, done in queries.answers if done]
+                if waiting:
+                    moments["last_not_ready"].append(waiting[-1] - end)
+                if ready:
+                    moments["first_ready"].append(ready[0] - end)
+                    spun.append(len([at for at in waiting if ready[0] - at < SPIN_SEEN_S]) >= 3)
+                moments["resolved"].append(completion.finished_at - end)
+                moments["resumed"].append(resumed - end)
+                counts.append(len(queries.answers))
+                pass_costs.append(watch.pass_cost)
+            until = time.perf_counter() + region_s
+            while time.perf_counter() < until:
+                await yield_once()
+            until = time.perf_counter() + 3 * region_s
+            while time.perf_counter() < until:
+                pass
+    return {
+        "benchmark": "timed_driver",
+        "loop": args.loop,
+        "region_us": args.region_us,
+        "replays": args.replays,
+        "from_the_end_us": {name: us(values) for name, values in moments.items() if values},
+        "queries_per_replay": statistics.median(counts),
+        "spun_share": round(sum(spun) / len(spun), 3) if spun else None,
+        "pass_cost_at_end_us": us(pass_costs),
+        "build": build()["kind"],
+    }
+
+
+def main() -> None:
+    options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options.add_argument("--loop", default="asyncio", choices=["asyncio", "trio"])
+    options.add_argument("--region-us", type=float, default=200.0)
+    options.add_argument("--replays", type=int, default=1000)
+    options.add_argument("--warmup", type=int, default=200)
+    args = options.parse_args()
+    queries = Queries()
+    timed_backend(args.region_us * 1e-6, queries)
+    report = anyio.run(measure, args, queries, backend=args.loop)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
