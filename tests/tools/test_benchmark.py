@@ -242,6 +242,22 @@ def test_sim_calls_reports_calls_per_replay_of_each_scenario(loop: str) -> None:
         assert len(report["detail"][scenario]["top"]) == 3
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_timed_driver_reports_the_end_of_a_region_in_order(loop: str) -> None:
+    command = [sys.executable, str(BENCHMARKS / "timed_driver.py"), "--loop", loop]
+    command += ["--replays", "20", "--warmup", "5", "--region-us", "100"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["loop"] == loop and report["replays"] == 20
+    moments = report["from_the_end_us"]
+    # The driver answers by the clock: "not ready" before the end, "ready" after it, and the
+    # completion can only resolve (and its task resume) after that.
+    assert moments["last_not_ready"] < 0 <= moments["first_ready"]
+    assert moments["first_ready"] <= moments["resolved"] <= moments["resumed"]
+    assert report["queries_per_replay"] >= 2
+
+
 def test_native_profile_summary_charges_samples_to_the_deepest_runtime_frame(
     tmp_path: Path,
 ) -> None:
