@@ -18,9 +18,11 @@ turns (each pair of the cycle alternates which goes first), medians in µs:
 
 For `coordinated`, the completion's `finished_at` against the call; with `--log-calls`,
 when its launch returned and when its event queries answered "not ready" last and "ready"
-first (from the call), how many queries it made, the share of replays whose end a spin
-caught (`QueueWatch.spin_near_end`), where the watch expected the end (`expected_end`) and
-its smoothed loop pass at the end (`pass_cost_at_end_us`); and (on the pure
+first (from the call), how many queries it made, the gap between the last "not ready" and
+the first "ready" query against the gap between queries while the region runs (a loop
+pass; less where a spin caught the end, `QueueWatch.spin_near_end`), where the watch
+expected the end (`expected_end`) and its smoothed loop pass at the end
+(`pass_cost_at_end_us`); and (on the pure
 build, where the watch's methods can be wrapped) how many sweeps the loop made per replay
 and the median gap between them.
 
@@ -39,9 +41,6 @@ from cuda_common import Direct, check, configure, fill_copy, parser, run
 
 import hrx_async as hrx
 from hrx_async._runtime import watch as watch_module
-
-SPIN_SEEN_S = 4e-6
-"""Three or more "not ready" queries this close before the first "ready" one: a spin."""
 
 
 def us(values: list[float]) -> float:
@@ -172,7 +171,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "expected_end": [],
         }
         query_counts: list[int] = []
-        spun: list[bool] = []
+        end_gaps: list[float] = []
+        query_gaps: list[float] = []
         pass_costs: list[float] = []
         watch = rt._scheduler_or_raise().watch
         sweep_counts: list[int] = []
@@ -200,9 +200,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     moments["last_query_not_ready"].append(waiting[-1] - t0)
                 if ready:
                     moments["first_query_ready"].append(ready[0] - t0)
-                    # A spin queries back to back: several queries just before the end.
-                    near = [at for at in waiting if ready[0] - at < SPIN_SEEN_S]
-                    spun.append(len(near) >= 3)
+                    if waiting:
+                        end_gaps.append(ready[0] - waiting[-1])
+                query_gaps.extend(y - x for x, y in itertools.pairwise(waiting))
                 if expected_end is not None:
                     moments["expected_end"].append(expected_end)
                 query_counts.append(len(calls.queries))
@@ -265,7 +265,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         },
         "from_the_call_us": {name: us(values) for name, values in moments.items() if values},
         "queries_per_replay": statistics.median(query_counts) if query_counts else None,
-        "spun_share": round(sum(spun) / len(spun), 3) if spun else None,
+        "end_gap_us": us(end_gaps) if end_gaps else None,
+        "query_gap_us": us(query_gaps) if query_gaps else None,
         "pass_cost_at_end_us": us(pass_costs) if pass_costs else None,
         "sweeps_per_replay": statistics.median(sweep_counts) if sweep_counts else None,
         "sweep_gap_us": us(sweep_gaps) if sweep_gaps else None,

@@ -7,8 +7,9 @@ and the thread waits three times as long, as `cuda_long_region.py`'s other ways 
 their turns on a GPU. Medians, in µs from the moment the region's event finished: the
 last query that answered "not ready" (negative: before the end), the first that answered
 "ready", the completion resolving and the awaiting task resuming; how many queries a
-replay made, the share of replays whose end a spin caught (several queries just before
-it; `QueueWatch.spin_near_end`) and the watch's smoothed loop pass at the end.
+replay made, the gap between the last "not ready" and the first "ready" query against the
+gap between queries while the region runs (a loop pass; much less where a spin caught the
+end, `QueueWatch.spin_near_end`) and the watch's smoothed loop pass at the end.
 
     python benchmarks/timed_driver.py [--loop asyncio|trio] [--region-us 200] [--replays 1000]
 """
@@ -16,6 +17,7 @@ it; `QueueWatch.spin_near_end`) and the watch's smoothed loop pass at the end.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -31,9 +33,6 @@ import hrx_async._runtime.session as runtime_module
 from hrx_async._build import build
 from hrx_async.backends._stream import StreamBackend
 from hrx_async.backends.kernel_cache import KernelCache
-
-SPIN_SEEN_S = 4e-6
-"""Three or more "not ready" queries this close before the first "ready" one: a spin."""
 
 
 class TimedEvent:
@@ -103,7 +102,8 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
         name: [] for name in ("last_not_ready", "first_ready", "resolved", "resumed")
     }
     counts: list[int] = []
-    spun: list[bool] = []
+    end_gaps: list[float] = []
+    query_gaps: list[float] = []
     pass_costs: list[float] = []
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         watch = rt._scheduler_or_raise().watch
@@ -122,7 +122,9 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
                     moments["last_not_ready"].append(waiting[-1] - end)
                 if ready:
                     moments["first_ready"].append(ready[0] - end)
-                    spun.append(len([at for at in waiting if ready[0] - at < SPIN_SEEN_S]) >= 3)
+                    if waiting:
+                        end_gaps.append(ready[0] - waiting[-1])
+                query_gaps.extend(y - x for x, y in itertools.pairwise(waiting))
                 moments["resolved"].append(completion.finished_at - end)
                 moments["resumed"].append(resumed - end)
                 counts.append(len(queries.answers))
@@ -140,7 +142,8 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
         "replays": args.replays,
         "from_the_end_us": {name: us(values) for name, values in moments.items() if values},
         "queries_per_replay": statistics.median(counts),
-        "spun_share": round(sum(spun) / len(spun), 3) if spun else None,
+        "end_gap_us": us(end_gaps) if end_gaps else None,
+        "query_gap_us": us(query_gaps) if query_gaps else None,
         "pass_cost_at_end_us": us(pass_costs),
         "build": build()["kind"],
     }
