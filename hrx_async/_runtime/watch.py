@@ -15,8 +15,8 @@ bare `trio.lowlevel.reschedule` and is skipped while a task leads (that task's
 A task awaiting one long region alone (nothing else launched is unfinished, the region's
 learned duration at least `SPIN_REGION_S`) keeps sweeping without yielding close to the
 moment the region is expected to end (`spin_near_end`), for at most `SPIN_S`, and only
-while the loop runs nothing else (passes short for the loop; no other callback ready on
-asyncio, no other task runnable on trio): on an idle loop a pass would only come back to the same
+while the loop runs nothing else (its passes short; no other callback ready on asyncio, no
+other task runnable on trio): on an idle loop a pass would only come back to the same
 sweep, a loop iteration later, so the end is noticed within a query instead of within a
 pass. A spin stops at the first fence it finishes. Measured on an H200, this took a
 ~200 µs region's detection from one loop pass after its end to one query; spinning for
@@ -54,7 +54,7 @@ SPIN_PASS_S: Final = 15e-6
 but the awaiting task runs, which a spin then holds back from nothing."""
 SPIN_PASS_TRIO_S: Final = 30e-6
 """The same on trio, whose run loop does about twice the Python per pass of asyncio's (an
-idle pass took 7-10 µs on the H200's slow CPUs, where asyncio's took 4)."""
+idle pass took 6-14 µs on the H200, asyncio's 4)."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
