@@ -38,13 +38,10 @@ import time
 from typing import Any
 
 from cuda_common import Direct, check, configure, fill_copy, parser, run
+from query_answers import QueryAnswers, us
 
 import hrx_async as hrx
 from hrx_async._runtime import watch as watch_module
-
-
-def us(values: list[float]) -> float:
-    return round(statistics.median(values) * 1e6, 2)
 
 
 class CallLog:
@@ -164,16 +161,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
         }
         calls = CallLog(rt._backend_or_raise().table.replay_calls) if args.log_calls else None
+        answers = QueryAnswers()
         moments: dict[str, list[float]] = {
             "launch_returned": [],
-            "last_query_not_ready": [],
-            "first_query_ready": [],
+            "last_query_not_ready": answers.last_not_ready,
+            "first_query_ready": answers.first_ready,
             "expected_end": [],
         }
-        query_counts: list[int] = []
-        end_gaps: list[float] = []
-        query_gaps: list[float] = []
-        pass_costs: list[float] = []
         watch = rt._scheduler_or_raise().watch
         sweep_counts: list[int] = []
         sweep_gaps: list[float] = []
@@ -194,19 +188,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 calls.active = False
             if record and calls is not None and calls.launches:
                 moments["launch_returned"].append(calls.launches[0] - t0)
-                waiting = [at for at, ready in calls.queries if not ready]
-                ready = [at for at, ready in calls.queries if ready]
-                if waiting:
-                    moments["last_query_not_ready"].append(waiting[-1] - t0)
-                if ready:
-                    moments["first_query_ready"].append(ready[0] - t0)
-                    if waiting:
-                        end_gaps.append(ready[0] - waiting[-1])
-                query_gaps.extend(y - x for x, y in itertools.pairwise(waiting))
+                answers.add(calls.queries, t0, watch.pass_cost)
                 if expected_end is not None:
                     moments["expected_end"].append(expected_end)
-                query_counts.append(len(calls.queries))
-                pass_costs.append(watch.pass_cost)
             if record:
                 times["coordinated"].append(t1 - t0)
                 assert completion.finished_at is not None
@@ -264,10 +248,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
         },
         "from_the_call_us": {name: us(values) for name, values in moments.items() if values},
-        "queries_per_replay": statistics.median(query_counts) if query_counts else None,
-        "end_gap_us": us(end_gaps) if end_gaps else None,
-        "query_gap_us": us(query_gaps) if query_gaps else None,
-        "pass_cost_at_end_us": us(pass_costs) if pass_costs else None,
+        **answers.summary(),
         "sweeps_per_replay": statistics.median(sweep_counts) if sweep_counts else None,
         "sweep_gap_us": us(sweep_gaps) if sweep_gaps else None,
         "fences_finished_by_loop": info.get("fences_finished_by_loop"),

@@ -17,9 +17,7 @@ end, `QueueWatch.spin_near_end`) and the watch's smoothed loop pass at the end.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 
 import anyio
 from instant_driver import instant_table, one_node
+from query_answers import QueryAnswers, us
 
 import hrx_async as hrx
 import hrx_async._runtime.session as runtime_module
@@ -82,10 +81,6 @@ def timed_backend(region_s: float, queries: Queries) -> None:
     runtime_module.open_gpu_backend = open_timed  # type: ignore[assignment]
 
 
-def us(values: list[float]) -> float:
-    return round(statistics.median(values) * 1e6, 2)
-
-
 async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
     region_s = args.region_us * 1e-6
     if args.loop == "trio":
@@ -98,13 +93,13 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
         async def yield_once() -> None:
             await asyncio.sleep(0)
 
+    answers = QueryAnswers()
     moments: dict[str, list[float]] = {
-        name: [] for name in ("last_not_ready", "first_ready", "resolved", "resumed")
+        "last_not_ready": answers.last_not_ready,
+        "first_ready": answers.first_ready,
+        "resolved": [],
+        "resumed": [],
     }
-    counts: list[int] = []
-    end_gaps: list[float] = []
-    query_gaps: list[float] = []
-    pass_costs: list[float] = []
     async with hrx.Runtime(backend="cuda", npu=None) as rt:
         watch = rt._scheduler_or_raise().watch
         prepared = one_node(rt)
@@ -116,19 +111,9 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
             if index >= args.warmup:
                 assert queries.last is not None and completion.finished_at is not None
                 end = queries.last.done_at
-                waiting = [at for at, done in queries.answers if not done]
-                ready = [at for at, done in queries.answers if done]
-                if waiting:
-                    moments["last_not_ready"].append(waiting[-1] - end)
-                if ready:
-                    moments["first_ready"].append(ready[0] - end)
-                    if waiting:
-                        end_gaps.append(ready[0] - waiting[-1])
-                query_gaps.extend(y - x for x, y in itertools.pairwise(waiting))
+                answers.add(queries.answers, end, watch.pass_cost)
                 moments["resolved"].append(completion.finished_at - end)
                 moments["resumed"].append(resumed - end)
-                counts.append(len(queries.answers))
-                pass_costs.append(watch.pass_cost)
             until = time.perf_counter() + region_s
             while time.perf_counter() < until:
                 await yield_once()
@@ -141,10 +126,7 @@ async def measure(args: argparse.Namespace, queries: Queries) -> dict[str, Any]:
         "region_us": args.region_us,
         "replays": args.replays,
         "from_the_end_us": {name: us(values) for name, values in moments.items() if values},
-        "queries_per_replay": statistics.median(counts),
-        "end_gap_us": us(end_gaps) if end_gaps else None,
-        "query_gap_us": us(query_gaps) if query_gaps else None,
-        "pass_cost_at_end_us": us(pass_costs),
+        **answers.summary(),
         "build": build()["kind"],
     }
 

@@ -29,7 +29,6 @@ class LoopNotifier:
         self._schedule: Callable[[Callable[[], None]], Any]
         self._items: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._scheduled = False
-        self._closed = False
         self.posted = 0
         """Calls posted so far (from any thread)."""
         self._lock: threading.Lock | None = None
@@ -80,11 +79,10 @@ class LoopNotifier:
             self._schedule_drain()
 
     def _schedule_drain(self) -> None:
-        try:
+        try:  # noqa: SIM105  (as in _write_wake)
             self._schedule(self._drain)
         except RuntimeError:
-            # The loop is gone: nobody is left to be told.
-            self._closed = True
+            pass  # the loop is gone: nobody is left to be told
 
     def _write_wake(self) -> None:
         out = self._wake_out
@@ -104,6 +102,9 @@ class LoopNotifier:
         else:
             with lock:
                 self._scheduled = False
+        self._run_posted()
+
+    def _run_posted(self) -> None:
         items = self._items
         while items:
             fn, arg = items.popleft()
@@ -153,19 +154,13 @@ class LoopNotifier:
         if woke_leader:
             # Posts that went to the socket reach nobody now (a drain scheduled through
             # trio finds nothing left, which costs it nothing).
-            items = self._items
-            while items:
-                fn, arg = items.popleft()
-                fn(arg)
+            self._run_posted()
 
     def close(self) -> None:
         """Release the wake-up socket (later posts go through the loop, or nowhere)."""
-        lock = self._lock
-        if lock is None:
+        if self._lock is None:
             return
-        with lock:
-            leading = self.leading
-        if leading:
+        if self.leading:  # (written on this thread only)
             # Closing a socket a task waits on fails that task's wait: the leader closes it.
             self._close_on_step_down = True
         else:
