@@ -14,11 +14,17 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core.clock import get_ident, perf_counter
 from ..errors import Busy, ContractError, Unsupported
 from .notify import LoopNotifier
+
+if TYPE_CHECKING:
+    # Typed as the class, not as a protocol: compiled, the calls an await makes on it
+    # (`sweep`, `sweep_again`, `release`, `wake_lead`) are direct, where a protocol's are
+    # attribute lookups and generic calls. Only `region.Submission` makes completions.
+    from .region import Submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,44 +37,17 @@ class CompletionProfile:
     """From submit() to the first region starting (None if none ran)."""
 
 
-class CompletionSource(Protocol):
-    """What a completion asks of the work behind it, until it resolves."""
-
-    def cancel(self) -> bool:
-        """Skip what has not started; True if that was anything."""
-        ...
-
-    def sweep(self) -> bool:
-        """Finish whatever already completed, without waiting; called before suspending.
-
-        True makes the caller the *leader*: it keeps calling `sweep_again()` between
-        checkpoints instead of suspending until woken, then calls `release()`.
-        """
-        ...
-
-    def sweep_again(self) -> bool:
-        """The leader's sweep; False once sweeping is no longer worth it (wait instead)."""
-        ...
-
-    def release(self) -> None:
-        """The leader stops sweeping."""
-        ...
-
-    def wake_lead(self) -> LoopNotifier | None:
-        """trio, before the awaiting task parks: the notifier whose wake-up socket it is to
-        wait on itself (`LoopNotifier.lead`), or None to park until woken."""
-        ...
-
-
 class _Shared:
     """The module's mutable state, in native fields: compiled, a module global is a
     dictionary entry, read and written on every await."""
 
-    __slots__ = ("finished_without_yield", "trio")
+    __slots__ = ("finished_without_yield", "resumed", "trio")
 
     def __init__(self) -> None:
         self.trio: Any = None
         """`trio.lowlevel`, once imported."""
+        self.resumed: Any = None
+        """What parked tasks are rescheduled with (`resumed.RESUMED`), once trio is imported."""
         self.finished_without_yield = 0
         """Awaits in a row that returned without yielding (see `Completion.wait_done`)."""
 
@@ -91,6 +70,9 @@ def trio_lowlevel() -> Any:
     if lowlevel is None:
         import trio.lowlevel
 
+        from .resumed import RESUMED
+
+        _shared.resumed = RESUMED
         lowlevel = _shared.trio = trio.lowlevel
     return lowlevel
 
@@ -138,8 +120,9 @@ class Signal:
         if tasks is not None:
             self._tasks = None
             reschedule = trio_lowlevel().reschedule
+            resumed = _shared.resumed
             for task in tasks:
-                reschedule(task)
+                reschedule(task, resumed)
         futures = self._futures
         if futures is not None:
             self._futures = None
@@ -215,14 +198,19 @@ class Completion:
     def __init__(
         self,
         label: str,
-        source: CompletionSource,
+        source: Submission,
         loop: asyncio.AbstractEventLoop | None = None,
         owner: object = None,
     ) -> None:
         self.label = label
         self.owner = owner
         """The scheduling domain that made it: `after=` accepts only its own."""
-        self._source: CompletionSource | None = source
+        self._source: Submission | None = source
+        """The submission behind it, until it resolves: `sweep()` finishes what completed
+        before the caller suspends (True makes the caller the leader, who calls
+        `sweep_again()` between checkpoints, then `release()`); `wake_lead()` on trio, the
+        notifier whose wake-up socket the caller is to wait on; `cancel()` skips what has
+        not started."""
         self._callbacks: list[Callable[[], None]] | None = None
         self._loop = loop
         self._error: BaseException | None = None

@@ -162,21 +162,22 @@ class Scheduler(Outcomes):
             )
 
         admit_now = self.in_flight < self.max_submissions and not self.waiting
-        early: Fence | BaseException | None = None
+        early: Fence | None = None
+        early_error: BaseException | None = None
         started = 0.0
         if admit_now and not after_items and replay.first_on_stream:
             started = perf_counter()
             try:
                 early = self._launch_first(replay, started)
             except BaseException as exc:  # launched and failed: the region fails in _admit
-                early = exc
+                early_error = exc
 
         submission = Submission(self, replay.label, after_items)
         tracker = self.tracker
         estimates = replay.estimates
         runs = submission.runs
         queues = replay.queues
-        launched = early is not None and not isinstance(early, BaseException)
+        launched = early is not None
         chain = replay.chain
         for step in replay.steps:
             region, program, provider, key, accesses, clears, inputs, coherent, budget, host = step
@@ -211,9 +212,9 @@ class Scheduler(Outcomes):
         self.counters.submissions += 1
         self.live += 1
         self.unfinished[submission] = None
-        if early is not None:
+        if early is not None or early_error is not None:
             submission.completion.submitted_at = started  # it was submitted before it existed
-            self._admit(submission, early, started)
+            self._admit(submission, early, started, early_error)
         elif admit_now:
             self._admit(submission)
         else:
@@ -346,24 +347,27 @@ class Scheduler(Outcomes):
     def _admit(
         self,
         submission: Submission,
-        first: Fence | BaseException | None = None,
+        first: Fence | None = None,
         started: float = 0.0,
+        first_error: BaseException | None = None,
     ) -> None:
         """Issue what can go now and queue the rest on its lanes. `first` is the first
-        region's fence (or launch failure) when `_launch_first` already launched it."""
+        region's fence when `_launch_first` already launched it, `first_error` its launch's
+        failure. (Two arguments, not one of either type: compiled, telling a fence from an
+        exception is a generic `isinstance`, several hundred instructions per replay.)"""
         self.in_flight += 1
         submission.admitted = True
         lanes = self.lanes
         direct = not submission.after and self.lost is None
         runs = submission.runs
         queued = False
-        if first is not None:
+        if first is not None or first_error is not None:
             run = runs[0]
             run.state = ISSUED
             run.verdict = PASSED  # launched with no check: nothing can skip it now
             run.started_at = started
-            if isinstance(first, BaseException):
-                self.finish(run, first)
+            if first is None:
+                self.finish(run, first_error)
             else:
                 self._attach(run, first)  # (its poison was cleared in `submit`)
             runs = runs[1:]

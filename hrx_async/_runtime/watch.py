@@ -97,8 +97,10 @@ class QueueWatch:
         self.tick_scheduled = False
         self.watcher: Any = None
         """trio: the watcher task while it is parked (`serve`), to be rescheduled once."""
-        self.reschedule: Callable[[Any], None] | None = None
+        self.reschedule: Callable[[Any, Any], None] | None = None
         """trio: `trio.lowlevel.reschedule`, set when the watcher starts."""
+        self.resumed: Any = None
+        """trio: what the watcher is rescheduled with (`resumed.RESUMED`)."""
         self.closed = False
 
     def launch(
@@ -252,7 +254,7 @@ class QueueWatch:
     def _wake_watcher(self) -> None:
         task, self.watcher = self.watcher, None
         assert self.reschedule is not None
-        self.reschedule(task)
+        self.reschedule(task, self.resumed)
 
     def _tick(self) -> None:
         # asyncio: a plain callback per loop iteration is far cheaper than a task step.
@@ -269,7 +271,10 @@ class QueueWatch:
         # more, once per region that starts a watch.
         import trio.lowlevel as lowlevel  # trio is optional: imported only where it runs
 
+        from .resumed import RESUMED
+
         task = lowlevel.current_task()
+        self.resumed = RESUMED
         self.reschedule = lowlevel.reschedule
         self.statistics = lowlevel.current_statistics
         with anyio.CancelScope(shield=True):
