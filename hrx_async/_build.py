@@ -31,6 +31,7 @@ COMPILED: tuple[str, ...] = (
     "hrx_async._runtime.scheduler",
     "hrx_async._runtime.watch",
     "hrx_async.backends.fence",
+    "hrx_async.backends.watched",
     "hrx_async.backends._stream_calls",
     "hrx_async.backends._stream_fences",
     "hrx_async.backends._stream_programs",

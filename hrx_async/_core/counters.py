@@ -25,6 +25,22 @@ def _check_nbytes(nbytes: object) -> int:
     return nbytes
 
 
+class AdmissionMarks:
+    """What every replay's admission compares first, kept by the session and its host
+    mappings: native fields, where an attribute of those interpreted objects is a lookup
+    in their dictionaries, twice per replay."""
+
+    __slots__ = ("frees", "mappings")
+
+    def __init__(self) -> None:
+        self.frees = 0
+        """Buffers freed so far: until it changes, a replay that found its buffers alive
+        need not look at each again."""
+        self.mappings = 0
+        """Host mappings live now (`HostMappings.count`): while any is, a replay is
+        checked against them."""
+
+
 class Counters:
     """The runtime's live counters, one field per `Statistics` counter.
 

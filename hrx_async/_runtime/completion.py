@@ -14,17 +14,11 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from .._core.clock import get_ident, perf_counter
 from ..errors import Busy, ContractError, Unsupported
 from .notify import LoopNotifier
-
-if TYPE_CHECKING:
-    # Typed as the class, not as a protocol: compiled, the calls an await makes on it
-    # (`sweep`, `sweep_again`, `release`, `wake_lead`) are direct, where a protocol's are
-    # attribute lookups and generic calls. Only `region.Submission` makes completions.
-    from .region import Submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +29,41 @@ class CompletionProfile:
     """From submit() to the completion resolving."""
     queue_us: float | None
     """From submit() to the first region starting (None if none ran)."""
+
+
+class CompletionSource:
+    """What a completion asks of the work behind it, until it resolves (`region.Submission`).
+
+    A base class, not a protocol: compiled, the calls every await makes on it are then
+    direct calls, where a protocol's are attribute lookups and generic calls.
+    """
+
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        """Skip what has not started; True if that was anything."""
+        raise NotImplementedError
+
+    def sweep(self) -> bool:
+        """Finish whatever already completed, without waiting; called before suspending.
+
+        True makes the caller the *leader*: it keeps calling `sweep_again()` between
+        checkpoints instead of suspending until woken, then calls `release()`.
+        """
+        raise NotImplementedError
+
+    def sweep_again(self) -> bool:
+        """The leader's sweep; False once sweeping is no longer worth it (wait instead)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """The leader stops sweeping."""
+        raise NotImplementedError
+
+    def wake_lead(self) -> LoopNotifier | None:
+        """trio, before the awaiting task parks: the notifier whose wake-up socket it is to
+        wait on itself (`LoopNotifier.lead`), or None to park until woken."""
+        raise NotImplementedError
 
 
 class _Shared:
@@ -198,19 +227,14 @@ class Completion:
     def __init__(
         self,
         label: str,
-        source: Submission,
+        source: CompletionSource,
         loop: asyncio.AbstractEventLoop | None = None,
         owner: object = None,
     ) -> None:
         self.label = label
         self.owner = owner
         """The scheduling domain that made it: `after=` accepts only its own."""
-        self._source: Submission | None = source
-        """The submission behind it, until it resolves: `sweep()` finishes what completed
-        before the caller suspends (True makes the caller the leader, who calls
-        `sweep_again()` between checkpoints, then `release()`); `wake_lead()` on trio, the
-        notifier whose wake-up socket the caller is to wait on; `cancel()` skips what has
-        not started."""
+        self._source: CompletionSource | None = source
         self._callbacks: list[Callable[[], None]] | None = None
         self._loop = loop
         self._error: BaseException | None = None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from .._core.counters import AdmissionMarks
 from .._core.graph import GraphPlan
 from .._core.intervals import tracked_range
 from .._core.memory import Domain, HostMapping, View, view_of
@@ -78,16 +79,22 @@ class HostMappings:
     the runtime sets it, refuses new mappings.
     """
 
-    def __init__(self, owner: MappingOwner) -> None:
+    def __init__(self, owner: MappingOwner, marks: AdmissionMarks) -> None:
         self._owner = owner
         self._tokens: dict[int, list[MappingToken]] = {}
-        self.count = 0
+        self._marks = marks
+        """Where the live count is kept (`marks.mappings`): admission reads it there."""
         self._ended: anyio.Event | None = None
         """Set when a mapping ends while closing waits for mappings to end."""
         self._exports: dict[int, list[weakref.ref[Any]]] = {}
         """Per buffer, the host arrays behind the memoryviews mappings handed out."""
         self.closing = False
         self._task_getter: Callable[[], object] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many mappings are live."""
+        return self._marks.mappings
 
     # -- the book ----------------------------------------------------------------
 
@@ -114,7 +121,7 @@ class HostMappings:
     def add(self, token: MappingToken) -> None:
         """Book `token` as live; its owner records it with the tracker."""
         self._tokens.setdefault(token.view.buffer.ident, []).append(token)
-        self.count += 1
+        self._marks.mappings += 1
 
     def drop(self, token: MappingToken) -> bool:
         """Unbook `token`; False when it was not live (ended already, or closing dropped it).
@@ -126,7 +133,7 @@ class HostMappings:
         tokens.remove(token)
         if not tokens:
             del self._tokens[ident]
-        self.count -= 1
+        self._marks.mappings -= 1
         return True
 
     # -- one mapping -------------------------------------------------------------
@@ -282,7 +289,7 @@ class HostMappings:
                     with contextlib.suppress(BufferError):
                         memory.release()
         self._tokens.clear()
-        self.count = 0
+        self._marks.mappings = 0
 
     def _current_task(self) -> object:
         """The running task (asyncio or trio), found cheaply: `async with` mappings note

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from .._core.counters import AdmissionMarks
 from .._core.graph import GraphPlan
 from .completion import Completion
 
@@ -41,6 +42,11 @@ class Submitter(Protocol):
 
     @property
     def mappings(self) -> MappingBook: ...
+
+    @property
+    def marks(self) -> AdmissionMarks:
+        """Buffers freed so far and host mappings live, which admission compares first."""
+        ...
 
     def scheduler_or_raise(self) -> Admission: ...
 

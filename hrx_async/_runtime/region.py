@@ -25,7 +25,7 @@ from ..errors import (
     HrxError,
     PoisonedError,
 )
-from .completion import Completion, Signal
+from .completion import Completion, CompletionSource, Signal
 from .region_owner import RegionOwner
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class RegionRun:
         self.submission.scheduler.poison_book.add(self.plan.writes, cause)
 
 
-class Submission:
+class Submission(CompletionSource):
     """One `submit()` of a prepared graph."""
 
     __slots__ = (

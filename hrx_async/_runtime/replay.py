@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.chains import ReplayChain, replay_chain
+from .._core.counters import AdmissionMarks
 from .._core.graph import GraphPlan, RegionPlan
 from .._core.intervals import Interval, read_before_written, written_whole
 from .._core.tracker import AccessTracker
@@ -52,14 +53,15 @@ class ReplayPlan:
         self.label = plan.label
         self.buffers: tuple[Buffer, ...] = plan.buffers
         self.session = session
-        """The session it submits through (`ports.Submitter`): its `frees` tells when a
-        buffer was freed."""
+        """The session it submits through (`ports.Submitter`)."""
+        self.marks: AdmissionMarks = session.marks
+        """The session's count of buffers freed and of host mappings live."""
         self.mappings = session.mappings
         """The session's host mappings (`ports.MappingBook`): a replay checks them while any
-        is live."""
+        is live (`marks.mappings`)."""
         self.frees_seen = -1
-        """The session's `frees` when every buffer was last seen alive: until another is
-        freed, a replay need not look at each again."""
+        """`marks.frees` when every buffer was last seen alive: until another is freed, a
+        replay need not look at each again."""
         self.estimates = [0.0] * len(programs)
         """Smoothed observed duration of each region, seconds: how long to watch its queue."""
         self.queues: list[Any] = [None] * len(programs)

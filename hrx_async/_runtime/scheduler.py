@@ -133,7 +133,8 @@ class Scheduler(Outcomes):
         # the slower explanations live in _refuse and _check_inputs.
         if self.closed or self.lost is not None or get_ident() != self.loop_thread:
             self._refuse()
-        frees = replay.session.frees
+        marks = replay.marks
+        frees = marks.frees
         if frees != replay.frees_seen:
             for buffer in replay.buffers:
                 buffer.check_alive()
@@ -141,9 +142,8 @@ class Scheduler(Outcomes):
         for buffer in replay.inputs:
             if buffer.poison is not None:
                 self._check_input_poison(replay, buffer)
-        mappings = replay.mappings
-        if mappings.count:
-            mappings.check_conflicts(replay.plan)
+        if marks.mappings:
+            replay.mappings.check_conflicts(replay.plan)
         after_items: tuple[Completion, ...] = ()
         if after:
             try:

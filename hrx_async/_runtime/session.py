@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._core.counters import Counters
+from .._core.counters import AdmissionMarks, Counters
 from .._core.graph import GraphPlan, RegionPlan
 from .._core.lane import Lane
 from .._core.memory import Buffer, BufferOwner, Domain, MemoryBudget, Placement, PlacementKind
@@ -73,12 +73,11 @@ class Session:
         self.scheduler: Scheduler | None = None
         self.buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
         self.finalizers: dict[int, weakref.finalize[Any, Any]] = {}
-        self.mappings = HostMappings(self)
+        self.marks = AdmissionMarks()
+        """Buffers freed so far and host mappings live, as admission reads them."""
+        self.mappings = HostMappings(self, self.marks)
         self.interop = Interop(self)
         self.lost: BaseException | None = None
-        self.frees = 0
-        """Buffers freed so far: until it changes, a replay that found its buffers alive
-        need not look at each again."""
 
     # -- opening -------------------------------------------------------------------------
 
@@ -175,7 +174,7 @@ class Session:
                 failed = failed or exc
             if buffer is not None:
                 buffer._mark_released()
-                self.frees += 1
+                self.marks.frees += 1
         if failed is not None:
             raise failed
 
@@ -278,7 +277,7 @@ class Session:
             raise Busy(f"{buffer.label} is in use by submitted work or a host mapping")
         finalizer = self.finalizers.get(buffer.ident)
         buffer._mark_released()
-        self.frees += 1
+        self.marks.frees += 1
         if finalizer is not None:
             finalizer()
 

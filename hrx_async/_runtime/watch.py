@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from .._core.clock import perf_counter
+from ..backends.watched import WatchedQueue
 
 if TYPE_CHECKING:
     from ..backends.base import Fence
@@ -65,7 +66,7 @@ class QueueWatch:
 
     def __init__(self, asyncio_loop: asyncio.AbstractEventLoop | None) -> None:
         self.asyncio_loop = asyncio_loop
-        self.watched: dict[Any, float] = {}
+        self.watched: dict[WatchedQueue, float] = {}
         """Watched queues, each with the time until which an idle loop keeps sweeping it."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
@@ -122,28 +123,29 @@ class QueueWatch:
         """
         if budget_us <= 0:
             return queue.submit(program, waits, preflight)  # type: ignore[no-any-return]
+        stream: WatchedQueue = queue  # (a provider with a poll budget makes only these)
         watched = self.watched
-        newly_watched = queue not in watched
+        newly_watched = stream not in watched
         if newly_watched:
             if not watched:
                 self.ends.clear()  # nothing watched is unfinished
-            queue.watch()  # so its waiter never starts on this fence
+            stream.watch()  # so its waiter never starts on this fence
             try:
-                fence: Fence = queue.submit(program, waits, preflight)
+                fence = stream.submit(program, waits, preflight)
             except BaseException:
-                queue.unwatch()
+                stream.unwatch()
                 raise
         else:
-            fence = queue.submit(program, waits, preflight)
+            fence = stream.submit(program, waits, preflight)
         self.ends.append(now + expected)
         self.last_launch = now
         # An idle loop keeps sweeping until the region is overdue (see sweep).
         deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
         if newly_watched:
-            watched[queue] = deadline
+            watched[stream] = deadline
             self.schedule_tick()
-        elif deadline > watched[queue]:
-            watched[queue] = deadline
+        elif deadline > watched[stream]:
+            watched[stream] = deadline
         return fence
 
     def sweep(self, new_pass: bool) -> None:

@@ -58,6 +58,7 @@ from ._stream_programs import (
 )
 from .base import Fence, QueueKey
 from .kernel_cache import KernelCache
+from .watched import WatchedQueue
 from .worker import Preflight
 
 DEFAULT_POLL_BUDGET_US = 30.0
@@ -65,7 +66,7 @@ DEFAULT_POLL_BUDGET_US = 30.0
 stream before leaving the wait to the stream's waiter thread."""
 
 
-class StreamQueue:
+class StreamQueue(WatchedQueue):
     """One lane's in-order stream."""
 
     def __init__(self, backend: StreamBackend, stream: Any, fences: StreamFences) -> None:
@@ -73,11 +74,16 @@ class StreamQueue:
         self._pool = backend.events
         self.stream = stream
         self.fences = fences
-        # The loop's side of `StreamFences` (see `WatchedQueue`), bound once: they run
-        # once per loop iteration while the stream is watched.
-        self.watch = fences.watch
-        self.unwatch = fences.unwatch
-        self.sweep = fences.sweep
+
+    # The loop's side (see `WatchedQueue`) is its fences'.
+    def watch(self) -> None:
+        self.fences.watch()
+
+    def unwatch(self) -> None:
+        self.fences.unwatch()
+
+    def sweep(self, limit: int) -> tuple[int, bool]:
+        return self.fences.sweep(limit)
 
     def submit(self, program: StreamProgram, waits: Sequence[Fence], preflight: Preflight) -> Fence:
         if preflight is not None:

@@ -20,6 +20,7 @@ from .._core.lane import Lane, QueueKey
 from .._core.memory import Placement
 from .._core.ops import Op
 from .fence import Fence
+from .watched import WatchedQueue
 
 HostArray = Callable[[Any, int, int], np.ndarray[Any, np.dtype[np.uint8]]]
 """(storage, offset, nbytes) -> a uint8 numpy array over host-mapped storage, zero-copy."""
@@ -51,27 +52,6 @@ class LaneQueue(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class WatchedQueue(LaneQueue, Protocol):
-    """A queue whose fences the event loop can finish itself (the stream backends).
-
-    While watched, the scheduler calls `sweep()` once per loop iteration and the
-    queue's own waiter thread stays idle, so a short wait costs no thread hop.
-    """
-
-    def watch(self) -> None:
-        """The loop sweeps this queue from now on."""
-        ...
-
-    def unwatch(self) -> None:
-        """The loop stops sweeping; the queue's waiter finishes what is left."""
-        ...
-
-    def sweep(self, limit: int) -> tuple[int, bool]:
-        """Finish up to `limit` fences whose work completed: (how many, whether any remain)."""
-        ...
 
 
 class Backend(Protocol):

@@ -34,10 +34,11 @@ from ._stream import StreamBackend, StreamQueue
 from ._stream_memory import NativeStorage
 from ._stream_programs import CopyProgram, DeviceKernels, GraphProgram, NativeKernel
 from .base import Fence, QueueKey
+from .watched import WatchedQueue
 from .worker import Preflight
 
 
-class DeviceQueue:
+class DeviceQueue(WatchedQueue):
     """A device's lane queue that makes its device current before each call."""
 
     def __init__(self, owner: MultiGpuBackend, gpu: int, queue: StreamQueue) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, Cancelled
+from .watched import WatchedQueue
 from .worker import ThreadFence
 
 NEW, QUEUED, RUNNING, COMPLETED, ERROR, ABORT, SUBMITTED = 1, 2, 3, 4, 5, 6, 7
@@ -315,7 +316,7 @@ class _Item:
 Finished = list[tuple[ThreadFence, BaseException | None, bool]]
 
 
-class XrtQueue:
+class XrtQueue(WatchedQueue):
     """The NPU lane of one device: FIFO, one run in flight, polled by the loop or a thread."""
 
     def __init__(self, name: str, watchdog_s: float, quarantine: Quarantine) -> None:

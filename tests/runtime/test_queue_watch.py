@@ -22,10 +22,11 @@ from hrx_async._runtime.watch import (
     SPIN_S,
     QueueWatch,
 )
+from hrx_async.backends.watched import WatchedQueue
 from hrx_async.backends.worker import ThreadFence
 
 
-class ScriptedQueue:
+class ScriptedQueue(WatchedQueue):
     """A watched queue whose work finishes at the `finish_at`-th sweep (never if None)."""
 
     def __init__(self, finish_at: int | None) -> None:
