@@ -27,6 +27,7 @@ class Outcomes(RegionOwner):
     counters: Counters
     tracker: AccessTracker[object]
     settling: collections.deque[RegionRun]
+    settling_now: bool
     trace: TraceRecorder | None
     trace_origin: float
     lost: BaseException | None
@@ -94,14 +95,20 @@ class Outcomes(RegionOwner):
 
     def _ready(self, run: RegionRun) -> None:
         settling = self.settling
-        settling.append(run)
-        if len(settling) > 1:
-            return  # an outer call is settling; it takes this one in turn
-        while settling:
-            try:
-                self._settle(settling[0])
-            finally:
-                settling.popleft()
+        if self.settling_now or settling:
+            settling.append(run)  # an outer call is settling; it takes this one in turn
+            return
+        # The usual case, one region that settles alone, passes no queue.
+        self.settling_now = True
+        try:
+            self._settle(run)
+            while settling:
+                try:
+                    self._settle(settling[0])
+                finally:
+                    settling.popleft()
+        finally:
+            self.settling_now = False
 
     def _settle(self, run: RegionRun) -> None:
         if run.state >= DONE:

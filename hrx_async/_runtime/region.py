@@ -101,6 +101,8 @@ class RegionRun:
         queues: list[Any] | None = None,
         budget: float = 0.0,
         host_side: bool = False,
+        index: int = -1,
+        copies: tuple[tuple[Lane, int], ...] | None = None,
     ) -> None:
         self.submission = submission
         self.host_side = host_side
@@ -112,11 +114,11 @@ class RegionRun:
         self.queues = queues
         """Its prepared graph's queue per region, filled in on first use (None: look it up)."""
         self.plan = plan
-        self.index = plan.index
+        self.index = plan.index if index < 0 else index
         """Its plan's index (read on every replay: a field here is a native read, the plan's
-        attribute is not)."""
-        self.copies = plan.copies
-        """Its plan's bytes copied per lane, for the statistics."""
+        attribute is not; a replay passes it, read once from the plan)."""
+        self.copies = plan.copies if copies is None else copies
+        """Its plan's bytes copied per lane, for the statistics (passed as `index` is)."""
         self.program = program
         self.provider = provider
         self.estimates = estimates

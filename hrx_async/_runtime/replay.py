@@ -34,6 +34,8 @@ ReplayStep = tuple[
     tuple[tuple[int, int, int], ...],
     float,
     bool,
+    int,
+    "tuple[tuple[Lane, int], ...]",
 ]
 """Per region, what admission needs (see `ReplayPlan.steps`)."""
 
@@ -81,6 +83,8 @@ class ReplayPlan:
                 coherent[region.index],
                 float(getattr(provider, "poll_budget_us", 0.0)),
                 isinstance(program, AsyncHostProgram),
+                region.index,
+                region.copies,
             )
             for region, program, provider in zip(regions, programs, providers, strict=True)
         )
@@ -91,7 +95,8 @@ class ReplayPlan:
         (the byte ranges it syncs unless earlier regions of its lane wrote them last, see
         `RegionRun.program_for_writers`), its provider's poll budget (µs; above 0 for a
         watched device stream) and whether it runs on the host (an `async def` host
-        function: `RegionRun.host_side`)."""
+        function: `RegionRun.host_side`), and its plan's index and copies (read here once:
+        an attribute of the interpreted plan is a lookup by name)."""
         self.chain: ReplayChain[object] | None = None
         """Its replays in the tracker as a chain (`ReplayChain`): each replay's regions are
         registered in a few steps while nothing else is pending on its bytes. None when a

@@ -88,7 +88,9 @@ class Scheduler(Outcomes):
         self.poison_book = PoisonBook()
         self.lanes: dict[tuple[Lane, int], LaneRunner] = {}
         self.settling: collections.deque[RegionRun] = collections.deque()
-        """Regions whose outcome is final, to be settled in order (see `finish`)."""
+        """Regions whose outcome is final, to be settled in order (see `finish`), while a
+        call settles another (`settling_now`)."""
+        self.settling_now = False
         self.in_flight = 0
         self.waiting: collections.deque[Submission] = collections.deque()
         self.live = 0
@@ -180,7 +182,10 @@ class Scheduler(Outcomes):
         launched = early is not None
         chain = replay.chain
         for step in replay.steps:
-            region, program, provider, key, accesses, clears, inputs, coherent, budget, host = step
+            (
+                region, program, provider, key, accesses, clears, inputs, coherent, budget, host,
+                index, copies,
+            ) = step  # fmt: skip
             if launched:
                 # It runs already, so what it writes whole is no longer poisoned (nothing
                 # can have come between its launch and here).
@@ -191,7 +196,7 @@ class Scheduler(Outcomes):
                 clears = ()
             run = RegionRun(
                 submission, region, program, provider, estimates, key, clears, inputs, queues,
-                budget, host,
+                budget, host, index, copies,
             )  # fmt: skip
             if chain is None:
                 if coherent:  # its syncs depend on who wrote its inputs last

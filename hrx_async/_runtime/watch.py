@@ -59,6 +59,8 @@ idle pass took 6-14 µs on the H200, asyncio's 4)."""
 SWEEP_LIMIT = 16
 """The most fences one loop pass finishes: each wakes a task that runs in the next pass,
 and a bounded pass keeps the loop responsive to everything else."""
+ENDS_KEPT: Final = 4 * SWEEP_LIMIT
+"""The most expected ends the watch keeps (`QueueWatch.ends`): only the first is read."""
 
 
 class QueueWatch:
@@ -74,9 +76,10 @@ class QueueWatch:
         """Smoothed time between loop passes, less the spins in them (`spin_near_end`)."""
         self.spun = 0.0
         """Seconds spun since the current pass began."""
-        self.ends: collections.deque[float] = collections.deque(maxlen=4 * SWEEP_LIMIT)
+        self.ends: list[float] = []
         """When each region launched to the watched queues is expected to end, oldest
-        first, one taken off per fence finished (they finish about in launch order)."""
+        first, one taken off per fence finished (they finish about in launch order), the
+        latest `ENDS_KEPT` at most. (A list: compiled, a deque's every call is generic.)"""
         self.last_launch = 0.0
         """When the region launched last was issued (the caller's clock reading)."""
         self.ready: Any = None
@@ -137,7 +140,10 @@ class QueueWatch:
                 raise
         else:
             fence = stream.submit(program, waits, preflight)
-        self.ends.append(now + expected)
+        ends = self.ends
+        ends.append(now + expected)
+        if len(ends) > ENDS_KEPT:
+            del ends[0]
         self.last_launch = now
         # An idle loop keeps sweeping until the region is overdue (see sweep).
         deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
@@ -205,9 +211,12 @@ class QueueWatch:
         if finished:
             self.sweep_budget = budget
             ends = self.ends
-            while finished and ends:
-                ends.popleft()
-                finished -= 1
+            if len(ends) <= finished:
+                ends.clear()
+            else:
+                while finished:
+                    del ends[0]
+                    finished -= 1
 
     def spin_near_end(self, pending: Any) -> None:
         """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's

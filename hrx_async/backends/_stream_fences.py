@@ -117,8 +117,8 @@ class StreamFence(Fence):
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         # acquire/release, not `with`: compiled, a `with` looks up and calls the lock's
         # __enter__ and __exit__, twice the cost, once per region.
-        lock = self._track.lock
-        lock.acquire()
+        track = self._track
+        track.acquire()
         try:
             if not self._done:
                 if self._callback is None:
@@ -129,7 +129,7 @@ class StreamFence(Fence):
                     self._callbacks.append(callback)
                 return
         finally:
-            lock.release()
+            track.release()
         callback(self)
 
     def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
@@ -159,16 +159,18 @@ class EventPool:
     def __init__(self, table: DriverTable, blocking: bool) -> None:
         self._table = table
         self._blocking = blocking
-        self._free: collections.deque[Any] = collections.deque()
+        self._free: list[Any] = []
+        """Events free to record, taken from the end (a list: compiled, its pop and append
+        are native, a deque's are generic calls)."""
         self._all: list[Any] = []
 
     def take(self) -> Any:
-        try:
-            return self._free.pop()
-        except IndexError:
-            event = self._table.event_create(self._blocking)
-            self._all.append(event)
-            return event
+        free = self._free
+        if free:
+            return free.pop()
+        event = self._table.event_create(self._blocking)
+        self._all.append(event)
+        return event
 
     def give(self, event: Any) -> None:
         self._free.append(event)
@@ -200,6 +202,10 @@ class StreamFences:
         self.calls: ReplayCalls = table.replay_calls
         self.pool = pool
         self.lock = threading.Lock()
+        # Its methods, bound once: compiled, a call through a stored bound method skips the
+        # lookup by name that `lock.acquire()` makes (twice per region and per sweep).
+        self.acquire: Callable[[], bool] = self.lock.acquire
+        self.release: Callable[[], None] = self.lock.release
         self.pending: collections.deque[StreamFence] = collections.deque()
         self.issued = 0
         """Fences added so far (each one's `sequence`)."""
@@ -239,12 +245,11 @@ class StreamFences:
         were finished, whether any remain)."""
         if not self.pending:
             return 0, False
-        lock = self.lock  # (not `with`: see StreamFence.add_done_callback)
-        lock.acquire()
+        self.acquire()  # (not `with`: see StreamFence.add_done_callback)
         try:
             finished = self._collect(None, None, limit)
         finally:
-            lock.release()
+            self.release()
         if finished is None:
             return 0, bool(self.pending)
         self.by_loop += len(finished)
@@ -253,12 +258,11 @@ class StreamFences:
     def finish_through(self, fence: StreamFence) -> list[StreamFence] | None:
         """`fence` is known finished (a later fence that waited for it finished): finish
         it and every fence before it, without queries; those it finished now."""
-        lock = self.lock
-        lock.acquire()
+        self.acquire()
         try:
             finished = self._collect(None, None, -1, fence.sequence)
         finally:
-            lock.release()
+            self.release()
         if finished is not None:
             self.by_proof += len(finished)
         return finished
