@@ -70,11 +70,22 @@ class _Shared:
     """The module's mutable state, in native fields: compiled, a module global is a
     dictionary entry, read and written on every await."""
 
-    __slots__ = ("finished_without_yield", "resumed", "trio")
+    __slots__ = (
+        "current_task",
+        "finished_without_yield",
+        "reschedule",
+        "resumed",
+        "trio",
+        "wait_task_rescheduled",
+    )
 
     def __init__(self) -> None:
         self.trio: Any = None
-        """`trio.lowlevel`, once imported."""
+        """`trio.lowlevel`, once imported, and the three functions of it a park and its
+        wake-up call (here, each is a field read; through the module, a lookup by name):"""
+        self.current_task: Any = None
+        self.wait_task_rescheduled: Any = None
+        self.reschedule: Any = None
         self.resumed: Any = None
         """What parked tasks are rescheduled with (`resumed.RESUMED`), once trio is imported."""
         self.finished_without_yield = 0
@@ -101,8 +112,12 @@ def trio_lowlevel() -> Any:
 
         from .resumed import RESUMED
 
+        lowlevel = trio.lowlevel
+        _shared.current_task = lowlevel.current_task
+        _shared.wait_task_rescheduled = lowlevel.wait_task_rescheduled
+        _shared.reschedule = lowlevel.reschedule
         _shared.resumed = RESUMED
-        lowlevel = _shared.trio = trio.lowlevel
+        _shared.trio = lowlevel
     return lowlevel
 
 
@@ -148,7 +163,8 @@ class Signal:
         tasks = self._tasks
         if tasks is not None:
             self._tasks = None
-            reschedule = trio_lowlevel().reschedule
+            trio_lowlevel()
+            reschedule = _shared.reschedule
             resumed = _shared.resumed
             for task in tasks:
                 reschedule(task, resumed)
@@ -180,7 +196,7 @@ class Signal:
             # cancels work). No coroutine of our own in between: every level a resumed
             # task passes through costs it a send.
             lowlevel = trio_lowlevel()
-            task = lowlevel.current_task()
+            task = _shared.current_task()
             tasks = self._tasks
             if tasks is None:
                 tasks = self._tasks = [task]
@@ -192,7 +208,7 @@ class Signal:
                     tasks.remove(task)
                 return lowlevel.Abort.SUCCEEDED
 
-            yield from lowlevel.wait_task_rescheduled(abort).__await__()
+            yield from _shared.wait_task_rescheduled(abort).__await__()
 
 
 YIELD_EVERY: Final = 8
