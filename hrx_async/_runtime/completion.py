@@ -71,6 +71,7 @@ class _Shared:
     dictionary entry, read and written on every await."""
 
     __slots__ = (
+        "checkpoint",
         "current_task",
         "finished_without_yield",
         "reschedule",
@@ -82,7 +83,9 @@ class _Shared:
     def __init__(self) -> None:
         self.trio: Any = None
         """`trio.lowlevel`, once imported, and the three functions of it a park and its
-        wake-up call (here, each is a field read; through the module, a lookup by name):"""
+        wake-up call, and its checkpoint (here, each is a field read; through the module,
+        a lookup by name):"""
+        self.checkpoint: Any = None
         self.current_task: Any = None
         self.wait_task_rescheduled: Any = None
         self.reschedule: Any = None
@@ -98,7 +101,8 @@ _shared: Final = _Shared()
 def trio_checkpoint() -> Callable[[], Awaitable[None]]:
     """trio's own checkpoint. anyio's looks up the running backend on every call, which is
     a sixth of a trio checkpoint's cost."""
-    checkpoint: Callable[[], Awaitable[None]] = trio_lowlevel().checkpoint
+    trio_lowlevel()
+    checkpoint: Callable[[], Awaitable[None]] = _shared.checkpoint
     return checkpoint
 
 
@@ -113,6 +117,7 @@ def trio_lowlevel() -> Any:
         from .resumed import RESUMED
 
         lowlevel = trio.lowlevel
+        _shared.checkpoint = lowlevel.checkpoint
         _shared.current_task = lowlevel.current_task
         _shared.wait_task_rescheduled = lowlevel.wait_task_rescheduled
         _shared.reschedule = lowlevel.reschedule
