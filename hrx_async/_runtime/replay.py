@@ -54,10 +54,9 @@ class ReplayPlan:
         self.plan = plan
         self.label = plan.label
         self.buffers: tuple[Buffer, ...] = plan.buffers
-        self.session = session
-        """The session it submits through (`ports.Submitter`)."""
         self.marks: AdmissionMarks = session.marks
-        """The session's count of buffers freed and of host mappings live."""
+        """The count of buffers freed and of host mappings live of the session it submits
+        through (`ports.Submitter`)."""
         self.mappings = session.mappings
         """The session's host mappings (`ports.MappingBook`): a replay checks them while any
         is live (`marks.mappings`)."""

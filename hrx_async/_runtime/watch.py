@@ -212,13 +212,7 @@ class QueueWatch:
         finished = self.sweep_budget - budget
         if finished:
             self.sweep_budget = budget
-            ends = self.ends
-            if len(ends) <= finished:
-                ends.clear()
-            else:
-                while finished:
-                    del ends[0]
-                    finished -= 1
+            del self.ends[:finished]
 
     def spin_near_end(self, pending: Any) -> None:
         """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's

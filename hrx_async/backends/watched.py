@@ -10,11 +10,12 @@ calls go through Python as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._core.compiler import mypyc_attr
 from .fence import Fence
+from .worker import Preflight
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -29,7 +30,7 @@ class WatchedQueue:
         self,
         program: Any,
         waits: Sequence[Fence],
-        preflight: Callable[[], BaseException | None] | None,
+        preflight: Preflight,
     ) -> Fence:
         """Enqueue device-side waits on `waits` (fences of this backend), then `program`
         (see `base.LaneQueue.submit`)."""
