@@ -23,15 +23,23 @@ Pattern = tuple[tuple[tuple[Hashable, int, int, bool], ...], ...]
 
 
 class ChainReplay(Generic[U]):
-    """One replay of a `ReplayChain`: its users, by region, and which are not forgotten."""
+    """One replay of a `ReplayChain`: its users, by region, which are still registered
+    through the chain, and what each waits for.
 
-    __slots__ = ("left", "pending", "users")
+    The handle its users are forgotten by (`AccessTracker.forget_chained`): the caller
+    keeps it with each user, so neither registering nor forgetting one looks it up."""
 
-    def __init__(self, users: list[U]) -> None:
+    __slots__ = ("chain", "deps", "left", "pending", "users")
+
+    def __init__(self, chain: ReplayChain[U], users: list[U], deps: list[tuple[U, ...]]) -> None:
+        self.chain = chain
         self.users = users
+        self.deps = deps
+        """Per region, the users its user waits for (the same `record_all` would give)."""
         self.left = len(users)
         self.pending = (1 << self.left) - 1
-        """Bit i set: the user of region i is not forgotten."""
+        """Bit i set: the user of region i is registered through the chain and not
+        forgotten (cleared too once the chain's users were turned into segments)."""
 
 
 class ReplayChain(Generic[U]):

@@ -87,16 +87,13 @@ class AccessTracker(Generic[U]):
     that completed, and `drop_allocation` forgets a freed buffer.
     """
 
-    __slots__ = ("_chained", "_index", "allocations")
+    __slots__ = ("_index", "allocations")
 
     def __init__(self) -> None:
         self.allocations: dict[Hashable, Allocation[U]] = {}
         # user -> (allocation, start, end) of each access it recorded since it was last
         # forgotten: every segment the user can still appear in overlaps one of them.
         self._index: dict[U, list[tuple[Allocation[U], int, int]]] = {}
-        # user -> its chain, replay and region, for users registered by `record_chain`
-        # and not turned into segments since.
-        self._chained: dict[U, tuple[ReplayChain[U], ChainReplay[U], int]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -396,16 +393,13 @@ class AccessTracker(Generic[U]):
 
         Visits only the segments inside the ranges `user` recorded. Segments left without
         a writer or readers are dropped, and so are allocations left without segments.
-        Forgetting an unknown user does nothing.
+        Forgetting an unknown user does nothing. (A user registered by `record_chain` is
+        forgotten with `forget_chained`.)
         """
         # (get and del, not pop(user, None): compiled, those two are native calls.)
         index = self._index
         ranges = index.get(user)
         if ranges is None:
-            chained = self._chained.get(user)
-            if chained is not None:
-                del self._chained[user]
-                self._forget_chained(chained[0], chained[1], chained[2])
             return
         del index[user]
         # Every segment the user is in overlaps one of its ranges, and all of them are
@@ -493,11 +487,12 @@ class AccessTracker(Generic[U]):
 
     # -- replay chains ---------------------------------------------------------------------
 
-    def record_chain(self, chain: ReplayChain[U], users: list[U]) -> list[tuple[U, ...]] | None:
+    def record_chain(self, chain: ReplayChain[U], users: list[U]) -> ChainReplay[U] | None:
         """Register `users` (new to this tracker, one per region of `chain`'s pattern, in
-        order; the chain keeps the list) as the chain's next replay: per user, what it
-        waits for. None, changing nothing, when some allocation of the pattern holds
-        another user pending (register them with `record_all` then, which takes the
+        order; the chain keeps the list) as the chain's next replay, which says what each
+        waits for (`ChainReplay.deps`) and is the handle to forget them by
+        (`forget_chained`). None, changing nothing, when some allocation of the pattern
+        holds another user pending (register them with `record_all` then, which takes the
         chain's pending users into account).
 
         The same answers `record_all` would give, in constant steps per region.
@@ -513,24 +508,30 @@ class AccessTracker(Generic[U]):
         own = chain.own
         previous = chain.previous
         slots = chain.slots
-        replay: ChainReplay[U] = ChainReplay(users)
-        chained = self._chained
         result: list[tuple[U, ...]] = []
-        for region, user in enumerate(users):
+        for region in range(len(users)):
             deps = [users[j] for j in own[region]]
             if last is not None and last.left:
                 for j in previous[region]:
                     if last.pending >> j & 1:
                         deps.append(last.users[j])
             result.append(tuple(deps))
-            chained[user] = (chain, replay, region)
             for index in slots[region]:
                 mark = marks[index]
                 if not mark.pending:
                     allocations[mark.key] = mark
                 mark.pending += 1
+        replay: ChainReplay[U] = ChainReplay(chain, users, result)
         replays.append(replay)
-        return result
+        return replay
+
+    def forget_chained(self, replay: ChainReplay[U], region: int) -> None:
+        """`forget` for the user of `region` of `replay`, which `record_chain` registered
+        (a handle, not a lookup: this runs once per region of every replay)."""
+        if replay.pending >> region & 1:
+            self._forget_chained(replay.chain, replay, region)
+        else:
+            self.forget(replay.users[region])  # turned into segments meanwhile
 
     def _forget_chained(self, chain: ReplayChain[U], replay: ChainReplay[U], region: int) -> None:
         replay.pending &= ~(1 << region)
@@ -563,14 +564,14 @@ class AccessTracker(Generic[U]):
             for region, user in enumerate(replay.users):
                 if replay.pending >> region & 1:
                     pending.append((user, region))
+            replay.pending = 0  # its users are forgotten as segments from now on
+            replay.left = 0
         chain.replays.clear()
         for mark in chain.marks:
             if mark.pending:
                 mark.pending = 0
                 del self.allocations[mark.key]
-        chained = self._chained
         for user, region in pending:
-            del chained[user]
             self.record_all(chain.pattern[region], user)
 
     # -- internals -------------------------------------------------------------------------

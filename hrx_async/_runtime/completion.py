@@ -251,6 +251,7 @@ class Completion:
         source: CompletionSource,
         loop: asyncio.AbstractEventLoop | None = None,
         owner: object = None,
+        submitted_at: float = 0.0,
     ) -> None:
         self.label = label
         self.owner = owner
@@ -266,7 +267,8 @@ class Completion:
         self._thread_event: threading.Event | None = None
         self.wait_check: Callable[[Completion], None] | None = None
         """Run by `wait()` before it blocks (a facade refusing waits that would deadlock)."""
-        self.submitted_at = perf_counter()
+        self.submitted_at = submitted_at or perf_counter()
+        """When it was submitted (the submitter's clock reading, when it has one)."""
         self.started_at: float | None = None
         self.finished_at: float | None = None
 

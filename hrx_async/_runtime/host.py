@@ -38,6 +38,8 @@ class AsyncHostProgram:
         self, run: RegionRun, finish: Callable[[RegionRun, BaseException | None], None]
     ) -> None:
         """Run as the task of region `run`, then `finish` it with the outcome."""
+        owner = run.submission.scheduler
+        owner.host_regions += 1
         token = RUNNING_HOST_REGION.set(run)
         try:
             with anyio.CancelScope(shield=True):
@@ -50,6 +52,7 @@ class AsyncHostProgram:
             finish(run, None)
         finally:
             RUNNING_HOST_REGION.reset(token)
+            owner.host_regions -= 1
 
 
 class HostExecutor:

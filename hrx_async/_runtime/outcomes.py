@@ -16,7 +16,7 @@ from .._core.graph import RegionPlan
 from .._core.trace import TraceEvent, TraceRecorder
 from .._core.tracker import AccessTracker
 from ..errors import Cancelled, DependencyFailed, HrxError
-from .completion import Signal
+from .completion import Completion, Signal
 from .region import DONE, FAILED, SKIPPED, RegionRun, Submission, is_sticky
 from .region_owner import UNREAD, RegionOwner
 
@@ -78,15 +78,23 @@ class Outcomes(RegionOwner):
                     dep.followers.append(run)
         after = run.submission.after
         if after:
-            for item in after:
-                if not item.done():
-                    blockers += 1
-                    item._on_done(lambda: self._unblock(run))
+            blockers += self._block_on(run, after)
         run.outcome = (error, skipped, finished_at)
         if blockers and self.lost is None:  # once the device is lost, nothing runs anyway
             run.blockers = blockers
             return
         self._ready(run)
+
+    def _block_on(self, run: RegionRun, after: tuple[Completion, ...]) -> int:
+        """Make `run` wait for the unfinished completions of `after`; how many. (Its own
+        method: compiled, a function holding a lambda makes the lambda's environment on
+        every call, and `finish` runs once per region.)"""
+        blockers = 0
+        for item in after:
+            if not item.done():
+                blockers += 1
+                item._on_done(lambda: self._unblock(run))
+        return blockers
 
     def _unblock(self, run: RegionRun) -> None:
         run.blockers -= 1
@@ -118,7 +126,12 @@ class Outcomes(RegionOwner):
         end = finished_at if finished_at is not None else perf_counter()
         submission = run.submission
         plan = run.plan
-        self.tracker.forget(run)
+        chained = run.chained
+        if chained is None:
+            self.tracker.forget(run)
+        else:
+            run.chained = None
+            self.tracker.forget_chained(chained, run.index)
         if run.clears:
             run.run_clears(ran=False)  # ended without running: it clears nothing any more
         if error is not None:

@@ -16,6 +16,7 @@ from .._core.clock import get_ident
 from .._core.graph import RegionPlan
 from .._core.intervals import Interval
 from .._core.lane import Lane
+from ..backends.fence import FenceFollower
 from ..errors import (
     Cancelled,
     ContractError,
@@ -29,9 +30,10 @@ from .completion import Completion, CompletionSource, Signal
 from .region_owner import RegionOwner
 
 if TYPE_CHECKING:
+    from .._core.chains import ChainReplay
     from .._core.memory import Buffer
     from .._core.tracker import AccessTracker
-    from ..backends.base import Fence
+    from ..backends.fence import Fence
     from .notify import LoopNotifier
 
 # Final, so the compiled modules read them as constants, not as a globals lookup each.
@@ -55,14 +57,15 @@ def is_sticky(error: BaseException) -> bool:
     return isinstance(error, DeviceLost) or bool(getattr(error, "sticky", False))
 
 
-class RegionRun:
-    """One region of one submission on its way through a lane."""
+class RegionRun(FenceFollower):
+    """One region of one submission on its way through a lane; its fence's follower."""
 
     __slots__ = (
         "applied",
         "blockers",
         "budget",
         "cause",
+        "chained",
         "clears",
         "copies",
         "deps",
@@ -133,6 +136,10 @@ class RegionRun:
         """The bytes it reads before writing them itself: poisoned, they refuse it."""
         self.deps: tuple[RegionRun, ...] = ()
         """What it waits for (a tuple: compiled, iterating one is native)."""
+        self.chained: ChainReplay[object] | None = None
+        """The replay of its graph's chain it was registered with in the tracker, if it
+        was (`AccessTracker.record_chain`; its region there is `index`): the handle it is
+        forgotten by."""
         self.state = QUEUED
         self.fence: Fence | None = None
         self.error: BaseException | None = None
@@ -210,12 +217,7 @@ class RegionRun:
             self.done_waiters.append(signal)
             await signal
 
-    def __call__(self, fence: Fence) -> None:
-        """A region is its fence's done callback (`Scheduler._attach` passes the region
-        itself): compiled, `run.on_fence` would make a bound method per region per replay."""
-        self.on_fence(fence)
-
-    def on_fence(self, fence: Fence) -> None:
+    def fence_finished(self, fence: Fence) -> None:
         if self.state >= DONE:
             return
         submission = self.submission
@@ -334,7 +336,13 @@ class Submission(CompletionSource):
         "skipped",
     )
 
-    def __init__(self, scheduler: RegionOwner, label: str, after: tuple[Completion, ...]) -> None:
+    def __init__(
+        self,
+        scheduler: RegionOwner,
+        label: str,
+        after: tuple[Completion, ...],
+        submitted_at: float = 0.0,
+    ) -> None:
         self.scheduler = scheduler
         self.label = label
         self.after = after
@@ -347,7 +355,7 @@ class Submission(CompletionSource):
         self.remaining = 0
         self.skipped = False
         """Some region was skipped (cancelled before it ran)."""
-        self.completion = Completion(label, self, scheduler.asyncio_loop, scheduler)
+        self.completion = Completion(label, self, scheduler.asyncio_loop, scheduler, submitted_at)
 
     def sweep(self) -> bool:
         """Before the awaiting task suspends: finish what completed on the watched queues.
@@ -356,10 +364,12 @@ class Submission(CompletionSource):
         iteration spent on noticing it. While work is still watched and no other task
         leads, the caller becomes the leader and sweeps in place of the loop's tick.
         """
-        host_run = RUNNING_HOST_REGION.get()
-        if host_run is not None:
-            refuse_waiting_on(host_run, self.runs, self.after)
-        watch = self.scheduler.watch
+        scheduler = self.scheduler
+        if scheduler.host_regions:  # (a context read costs more than the rest of a sweep)
+            host_run = RUNNING_HOST_REGION.get()
+            if host_run is not None:
+                refuse_waiting_on(host_run, self.runs, self.after)
+        watch = scheduler.watch
         if not watch.watched:
             return False
         watch.sweep(False)

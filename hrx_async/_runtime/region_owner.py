@@ -34,6 +34,10 @@ class RegionOwner:
     asyncio_loop: asyncio.AbstractEventLoop | None
     """The asyncio loop, or None on trio."""
     watch: QueueWatch
+    host_regions: int
+    """Its `async def` host functions running now (`host.AsyncHostProgram.run_region`): while
+    there are none, a task awaiting its work runs none of them, and the check for one that
+    would wait for itself (`region.refuse_waiting_on`) need not read the context."""
 
     def fence_done(self, run: Any, error: BaseException | None = UNREAD) -> None:
         """`run`'s fence finished (`Outcomes.fence_done`)."""

@@ -102,6 +102,7 @@ class Scheduler(Outcomes):
         self.lost: BaseException | None = None
         self.leaving = False
         """Set when the runtime is left by an exception: every region not started skips."""
+        self.host_regions = 0
         self.closed = False
         self.pumping = False
         self.loop_thread = get_ident()
@@ -174,7 +175,7 @@ class Scheduler(Outcomes):
             except BaseException as exc:  # launched and failed: the region fails in _admit
                 early_error = exc
 
-        submission = Submission(self, replay.label, after_items)
+        submission = Submission(self, replay.label, after_items, started)
         tracker = self.tracker
         estimates = replay.estimates
         runs = submission.runs
@@ -204,13 +205,16 @@ class Scheduler(Outcomes):
                 self._record(run, accesses)
             runs.append(run)
         if chain is not None:
-            found = tracker.record_chain(chain, list(runs))
+            # (The chain keeps the list itself: the submission's own is only ever replaced.)
+            found = tracker.record_chain(chain, cast("list[object]", runs))
             if found is None:  # other work is pending on its bytes
                 for index, run in enumerate(runs):
                     self._record(run, replay.steps[index][4])
             else:
+                waits = found.deps
                 for index, run in enumerate(runs):
-                    deps = found[index]
+                    run.chained = found
+                    deps = waits[index]
                     if deps:
                         run.deps = cast("tuple[RegionRun, ...]", deps)  # the chain's users
         submission.remaining = len(runs)
@@ -218,7 +222,6 @@ class Scheduler(Outcomes):
         self.live += 1
         self.unfinished[submission] = None
         if early is not None or early_error is not None:
-            submission.completion.submitted_at = started  # it was submitted before it existed
             self._admit(submission, early, started, early_error)
         elif admit_now:
             self._admit(submission)
@@ -577,7 +580,7 @@ class Scheduler(Outcomes):
             run.issued_waiters = None
             for signal in waiters:
                 signal.set()
-        fence.add_done_callback(run)  # (calling a region is its `on_fence`)
+        fence.follow(run)
 
     def _start_host(self, run: RegionRun, program: AsyncHostProgram) -> None:
         """Run an `async def` host function as a task of its own.

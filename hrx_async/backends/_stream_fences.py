@@ -23,7 +23,6 @@ once no waiter is blocked on it.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from .._core.clock import perf_counter
 from ..errors import BackendError, Cancelled
 from ._stream_calls import ReplayCalls
 from ._stream_driver import DriverTable, quietly
-from .fence import Fence
+from .fence import Fence, FenceFollower
 from .worker import ThreadFence
 
 Implied = Union["StreamFence", list["StreamFence"], None]
@@ -44,11 +43,11 @@ class StreamFence(Fence):
     """An event recorded after a program on one stream; finished by its `StreamFences`."""
 
     __slots__ = (
-        "_callback",
         "_callbacks",
         "_done",
         "_error",
         "_event",
+        "_follower",
         "_thread_event",
         "_track",
         "implies",
@@ -67,10 +66,10 @@ class StreamFence(Fence):
         self.sequence = 0
         """Its place in its stream's issue order (set by `StreamFences.add`)."""
         self._event = event
-        self._callback: Callable[[Any], None] | None = None
-        """The first callback (a fence usually has one: its region's), run once finished."""
+        self._follower: FenceFollower | None = None
+        """Its follower (a fence usually has one: its region), told first once finished."""
         self._callbacks: list[Callable[[Any], None]] | None = None
-        """Any further ones, in the order they were added."""
+        """Its done callbacks, in the order they were added."""
         self._done = False
         self._error: BaseException | None = None
         self._thread_event: threading.Event | None = None
@@ -115,22 +114,32 @@ class StreamFence(Fence):
         return False
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        with self._track.lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def follow(self, follower: FenceFollower) -> None:
         # acquire/release, not `with`: compiled, a `with` looks up and calls the lock's
         # __enter__ and __exit__, twice the cost, once per region.
         track = self._track
         track.acquire()
         try:
             if not self._done:
-                if self._callback is None:
-                    self._callback = callback
-                elif self._callbacks is None:
-                    self._callbacks = [callback]
+                if self._follower is None:
+                    self._follower = follower
+                elif self._callbacks is None:  # a second follower: told as a callback
+                    self._callbacks = [follower.fence_finished]
                 else:
-                    self._callbacks.append(callback)
+                    self._callbacks.append(follower.fence_finished)
                 return
         finally:
             track.release()
-        callback(self)
+        follower.fence_finished(self)
 
     def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
         """Finish under the track's lock; whoever marked it then runs its callbacks outside
@@ -206,7 +215,10 @@ class StreamFences:
         # lookup by name that `lock.acquire()` makes (twice per region and per sweep).
         self.acquire: Callable[[], bool] = self.lock.acquire
         self.release: Callable[[], None] = self.lock.release
-        self.pending: collections.deque[StreamFence] = collections.deque()
+        self.pending: list[StreamFence] = []
+        """Unfinished fences, oldest first (a list: compiled, its reads and appends are
+        native, a deque's are calls by name; finished ones leave from the head in one
+        deletion per sweep)."""
         self.issued = 0
         """Fences added so far (each one's `sequence`)."""
         self.watched = False
@@ -292,40 +304,48 @@ class StreamFences:
         pending = self.pending
         calls = self.calls
         now = 0.0
-        while pending and limit:
-            limit -= 1
-            fence = pending[0]
-            marked = False
-            if not fence._done:
-                error: BaseException | None = None
-                if through:
-                    if fence.sequence > through:
-                        break
-                elif fence is head:
-                    error = head_error
-                else:
-                    try:
-                        if not calls.event_query(fence._event):
+        # Those taken off the head leave the list in one deletion, in `finally`: an error
+        # out of the driver leaves none behind to be taken (its event given back) twice.
+        taken = 0
+        try:
+            count = len(pending)
+            while taken < count and limit:
+                limit -= 1
+                fence = pending[taken]
+                marked = False
+                if not fence._done:
+                    error: BaseException | None = None
+                    if through:
+                        if fence.sequence > through:
                             break
-                    except BackendError as exc:
-                        error = exc
-                if not now:
-                    now = perf_counter()
-                # A fence cannot start before the previous one on its stream finished.
-                started = max(fence.issued_at, self._last_finished)
-                fence._mark(error, started, now)
-                self._last_finished = now
-                marked = True
-            pending.popleft()
-            if fence is self._waiting_on:
-                self._parked = True
-            else:
-                self.pool.give(fence._event)
-            if marked:
-                if finished is None:
-                    finished = [fence]
+                    elif fence is head:
+                        error = head_error
+                    else:
+                        try:
+                            if not calls.event_query(fence._event):
+                                break
+                        except BackendError as exc:
+                            error = exc
+                    if not now:
+                        now = perf_counter()
+                    # A fence cannot start before the previous one on its stream finished.
+                    started = max(fence.issued_at, self._last_finished)
+                    fence._mark(error, started, now)
+                    self._last_finished = now
+                    marked = True
+                taken += 1
+                if fence is self._waiting_on:
+                    self._parked = True
                 else:
-                    finished.append(fence)
+                    self.pool.give(fence._event)
+                if marked:
+                    if finished is None:
+                        finished = [fence]
+                    else:
+                        finished.append(fence)
+        finally:
+            if taken:
+                del pending[:taken]
         return finished
 
     # -- the waiter thread's side --------------------------------------------------------
@@ -402,12 +422,12 @@ def _finish_proven(fence: StreamFence) -> int:
 
 
 def _run_fence_callbacks(fence: StreamFence) -> None:
-    """Run a fence's callbacks once, in the order they were added (only its marker calls
-    this, after `_mark`)."""
-    callback = fence._callback
-    if callback is not None:
-        fence._callback = None
-        callback(fence)
+    """Tell a fence's follower, then run its callbacks in the order they were added, once
+    (only its marker calls this, after `_mark`)."""
+    follower = fence._follower
+    if follower is not None:
+        fence._follower = None
+        follower.fence_finished(fence)
     more = fence._callbacks
     if more is not None:
         fence._callbacks = None

@@ -11,6 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+class FenceFollower:
+    """What follows a fence (the runtime's region): told once it finished, before its done
+    callbacks. A base class: the compiled fences then tell it with a direct call, where a
+    callable is called through Python's generic call, once per region of every replay."""
+
+    __slots__ = ()
+
+    def fence_finished(self, fence: Fence) -> None:
+        """`fence` finished; may run on any thread, as done callbacks do."""
+        raise NotImplementedError
+
+
 class Fence:
     """A token that a submitted program has finished (successfully, failed or skipped).
 
@@ -45,3 +57,8 @@ class Fence:
     def add_done_callback(self, callback: Callable[[Fence], None]) -> None:
         """Call `callback(fence)` once finished (at once if it already is)."""
         raise NotImplementedError
+
+    def follow(self, follower: FenceFollower) -> None:
+        """Tell `follower` once finished (at once if it already is). A fence has one
+        follower at most; a kind with no faster way makes it a done callback."""
+        self.add_done_callback(follower.fence_finished)

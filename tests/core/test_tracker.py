@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hrx_async._core.chains import ReplayChain, replay_chain
+from hrx_async._core.chains import ChainReplay, ReplayChain, replay_chain
 from hrx_async._core.intervals import merge_intervals
 from hrx_async._core.tracker import AccessTracker
 from hrx_async.errors import ContractError
@@ -302,6 +302,7 @@ def test_chains_wait_for_what_records_would(
     plain: AccessTracker[int] = AccessTracker()
     chains = [replay_chain(p, AccessTracker()) for p in patterns]
     waits: dict[int, set[int]] = {}  # every user, and what it waits for
+    handles: dict[int, tuple[ChainReplay[int], int]] = {}  # chained users: replay, region
     pending: list[int] = []
     forgotten: set[int] = set()
     for kind, pick in steps:
@@ -309,9 +310,12 @@ def test_chains_wait_for_what_records_would(
             index = pick % len(patterns)
             pattern = patterns[index]
             users = list(range(len(waits), len(waits) + len(pattern)))
-            got = chained.record_chain(chains[index], users)
-            if got is None:
+            replay = chained.record_chain(chains[index], users)
+            if replay is None:
                 got = [tuple(chained.record_all(a, u)) for a, u in zip(pattern, users, strict=True)]
+            else:
+                got = replay.deps
+                handles.update((u, (replay, region)) for region, u in enumerate(users))
             for accesses, u, deps in zip(pattern, users, got, strict=True):
                 expected = plain.record_all(accesses, u)
                 assert set(deps) == expected
@@ -331,7 +335,10 @@ def test_chains_wait_for_what_records_would(
                 u = ready[pick % len(ready)]
                 pending.remove(u)
                 forgotten.add(u)
-                chained.forget(u)
+                if u in handles:  # forgotten as the runtime forgets a chain's user
+                    chained.forget_chained(*handles.pop(u))
+                else:
+                    chained.forget(u)
                 plain.forget(u)
         for a in ALLOCS:
             assert chained.untouched(a) == plain.untouched(a)
@@ -350,18 +357,35 @@ def test_a_chain_replay_waits_for_the_replay_before() -> None:
         ((("in", 0, 8, False), ("mid", 0, 8, True)), (("mid", 0, 8, False), ("out", 0, 8, True))),
         AccessTracker(),
     )
-    assert t.record_chain(chain, ["a0", "a1"]) == [(), ("a0",)]
-    assert t.record_chain(chain, ["b0", "b1"]) == [("a0", "a1"), ("b0", "a1")]
-    t.forget("a0")
-    t.forget("a1")
-    assert t.record_chain(chain, ["c0", "c1"]) == [("b0", "b1"), ("c0", "b1")]
+
+    def replay(users: list[str]) -> ChainReplay[str]:
+        found = t.record_chain(chain, users)
+        assert found is not None
+        assert found.users is users  # kept, not copied
+        return found
+
+    a = replay(["a0", "a1"])
+    assert a.deps == [(), ("a0",)]
+    b = replay(["b0", "b1"])
+    assert b.deps == [("a0", "a1"), ("b0", "a1")]
+    t.forget_chained(a, 0)
+    t.forget_chained(a, 1)
+    assert chain.replays == [b]  # a replay whose users are all forgotten leaves the chain
+    c = replay(["c0", "c1"])
+    assert c.deps == [("b0", "b1"), ("c0", "b1")]
     assert t.record("out", 0, 4, False, "reader") == {"c1"}  # the chain's users in segments
+    assert chain.replays == [] and b.pending == 0 and c.pending == 0
     assert t.record_chain(chain, ["d0", "d1"]) is None  # another user is pending on "out"
     assert t.record_all((("in", 0, 8, False), ("mid", 0, 8, True)), "d0") == {"c0", "c1"}
-    for user in ("b0", "b1", "c0", "c1", "reader", "d0"):
+    # The handles of users turned into segments forget them there.
+    for handle in (b, c):
+        t.forget_chained(handle, 0)
+        t.forget_chained(handle, 1)
+    assert t.users() == {"reader", "d0"}
+    for user in ("reader", "d0"):
         t.forget(user)
     assert len(t) == 0
-    assert t.record_chain(chain, ["e0", "e1"]) == [(), ("e0",)]
+    assert replay(["e0", "e1"]).deps == [(), ("e0",)]
 
 
 # One allocation, few users, long runs, ranges on a coarse grid so that they overlap and
