@@ -72,6 +72,7 @@ class _Shared:
 
     __slots__ = (
         "checkpoint",
+        "checkpoint_if_cancelled",
         "current_task",
         "finished_without_yield",
         "reschedule",
@@ -83,9 +84,10 @@ class _Shared:
     def __init__(self) -> None:
         self.trio: Any = None
         """`trio.lowlevel`, once imported, and the three functions of it a park and its
-        wake-up call, and its checkpoint (here, each is a field read; through the module,
-        a lookup by name):"""
+        wake-up call, and its two checkpoints (here, each is a field read; through the
+        module, a lookup by name):"""
         self.checkpoint: Any = None
+        self.checkpoint_if_cancelled: Any = None
         self.current_task: Any = None
         self.wait_task_rescheduled: Any = None
         self.reschedule: Any = None
@@ -118,6 +120,7 @@ def trio_lowlevel() -> Any:
 
         lowlevel = trio.lowlevel
         _shared.checkpoint = lowlevel.checkpoint
+        _shared.checkpoint_if_cancelled = lowlevel.checkpoint_if_cancelled
         _shared.current_task = lowlevel.current_task
         _shared.wait_task_rescheduled = lowlevel.wait_task_rescheduled
         _shared.reschedule = lowlevel.reschedule
@@ -431,7 +434,8 @@ class Completion:
             if _shared.finished_without_yield < YIELD_EVERY:
                 _shared.finished_without_yield += 1
                 if loop is None:
-                    yield from trio_lowlevel().checkpoint_if_cancelled().__await__()
+                    trio_lowlevel()
+                    yield from _shared.checkpoint_if_cancelled().__await__()
                 return
             _shared.finished_without_yield = 0
             if loop is not None:

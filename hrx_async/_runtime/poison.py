@@ -69,8 +69,8 @@ class PoisonBook:
                 buffer = interval.buffer
                 span = (interval.start, interval.end)
                 if buffer.poison is None:
+                    ranges[buffer.ident] = [span]  # first: `empty` reads only this
                     buffer.poison = cause
-                    ranges[buffer.ident] = [span]
                 else:
                     ranges.setdefault(buffer.ident, []).append(span)
 
@@ -84,6 +84,11 @@ class PoisonBook:
     def _clear_locked(self, buffer: Buffer) -> None:
         buffer.poison = None
         self._ranges.pop(buffer.ident, None)
+
+    def empty(self) -> bool:
+        """No byte of any buffer is poisoned (the usual state): a check can stop here. Safe
+        from any thread: a buffer's ranges are recorded before its poison is set."""
+        return not self._ranges
 
     def find(self, intervals: Iterable[Interval]) -> tuple[str, HrxError] | None:
         """The first poisoned buffer `intervals` read from, with its cause; None if clean."""

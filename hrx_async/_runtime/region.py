@@ -271,9 +271,12 @@ class RegionRun(FenceFollower):
         if submission.cancelled or submission.scheduler.leaving:
             return Cancelled(f"submission of {submission.label!r} was cancelled")
         if poison:
+            book = submission.scheduler.poison_book
+            if book.empty():
+                return None
             for interval in self.inputs:
                 if interval.buffer.poison is not None:  # the book decides which bytes
-                    found = submission.scheduler.poison_book.find(self.inputs)
+                    found = book.find(self.inputs)
                     if found is not None:
                         return PoisonedError(found[0], found[1])
                     break

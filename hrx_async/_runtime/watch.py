@@ -68,8 +68,9 @@ class QueueWatch:
 
     def __init__(self, asyncio_loop: asyncio.AbstractEventLoop | None) -> None:
         self.asyncio_loop = asyncio_loop
-        self.watched: dict[WatchedQueue, float] = {}
-        """Watched queues, each with the time until which an idle loop keeps sweeping it."""
+        self.watched: dict[WatchedQueue, None] = {}
+        """Watched queues, in the order they started being watched (each keeps the time
+        until which an idle loop keeps sweeping it: `WatchedQueue.watch_deadline`)."""
         self.last_sweep = 0.0
         self.sweep_gap = POLL_CAP_S
         self.pass_cost = POLL_CAP_S
@@ -128,7 +129,7 @@ class QueueWatch:
             return queue.submit(program, waits, preflight)  # type: ignore[no-any-return]
         stream: WatchedQueue = queue  # (a provider with a poll budget makes only these)
         watched = self.watched
-        newly_watched = stream not in watched
+        newly_watched = stream.watch_deadline < 0.0
         if newly_watched:
             if not watched:
                 self.ends.clear()  # nothing watched is unfinished
@@ -148,10 +149,11 @@ class QueueWatch:
         # An idle loop keeps sweeping until the region is overdue (see sweep).
         deadline = now + min(POLL_CAP_S, expected * 1.25 + budget_us * 1e-6)
         if newly_watched:
-            watched[stream] = deadline
+            stream.watch_deadline = deadline
+            watched[stream] = None
             self.schedule_tick()
-        elif deadline > watched[stream]:
-            watched[stream] = deadline
+        elif deadline > stream.watch_deadline:
+            stream.watch_deadline = deadline
         return fence
 
     def sweep(self, new_pass: bool) -> None:
@@ -188,8 +190,9 @@ class QueueWatch:
             for queue in watched:
                 finished, remaining = queue.sweep(budget)
                 budget -= finished
-                if not remaining or (idle and now > watched[queue]):
+                if not remaining or (idle and now > queue.watch_deadline):
                     del watched[queue]
+                    queue.watch_deadline = -1.0
                     queue.unwatch()
                 break
         else:
@@ -197,17 +200,18 @@ class QueueWatch:
             # in its order, and a fence finished downstream finishes what it waited for
             # upstream without a query there (a stream backend's fences prove what they
             # waited for).
-            for queue, deadline in list(reversed(watched.items())):
+            for queue in list(reversed(watched)):
                 finished, remaining = queue.sweep(budget)
                 budget -= finished
-                if not remaining or (idle and now > deadline):
+                if not remaining or (idle and now > queue.watch_deadline):
                     del watched[queue]
+                    queue.watch_deadline = -1.0
                     queue.unwatch()
                 if budget <= 0:
                     if queue in watched and len(watched) > 1:
                         # The others get the first turn next pass: it moves to the far end.
                         del watched[queue]
-                        self.watched = {queue: deadline, **watched}
+                        self.watched = {queue: None, **watched}
                     break
         finished = self.sweep_budget - budget
         if finished:
@@ -298,6 +302,7 @@ class QueueWatch:
     def close(self) -> None:
         self.closed = True
         for queue in self.watched:
+            queue.watch_deadline = -1.0
             queue.unwatch()
         self.watched.clear()
         if self.watcher is not None:

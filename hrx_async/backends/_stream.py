@@ -70,6 +70,7 @@ class StreamQueue(WatchedQueue):
     """One lane's in-order stream."""
 
     def __init__(self, backend: StreamBackend, stream: Any, fences: StreamFences) -> None:
+        super().__init__()
         self._calls: ReplayCalls = backend.table.replay_calls
         self._pool = backend.events
         self.stream = stream

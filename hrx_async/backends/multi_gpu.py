@@ -42,6 +42,7 @@ class DeviceQueue(WatchedQueue):
     """A device's lane queue that makes its device current before each call."""
 
     def __init__(self, owner: MultiGpuBackend, gpu: int, queue: StreamQueue) -> None:
+        super().__init__()
         self._enter = owner.enter
         self._gpu = gpu
         self._queue = queue

@@ -23,8 +23,14 @@ class WatchedQueue:
     """An in-order queue of one lane whose fences the event loop can finish itself.
 
     While watched, the loop calls `sweep()` once per iteration and the queue's own waiter
-    stays idle, so a short wait costs no thread hop.
+    stays idle, so a short wait costs no thread hop. Subclasses call `__init__`.
     """
+
+    def __init__(self) -> None:
+        self.watch_deadline = -1.0
+        """The loop's watch keeps it here (`_runtime/watch.QueueWatch`): while the loop
+        watches it, until when an idle loop keeps sweeping it; -1 while it does not. (A
+        field of the queue, read natively on every launch, not a dictionary's value.)"""
 
     def submit(
         self,

@@ -320,6 +320,7 @@ class XrtQueue(WatchedQueue):
     """The NPU lane of one device: FIFO, one run in flight, polled by the loop or a thread."""
 
     def __init__(self, name: str, watchdog_s: float, quarantine: Quarantine) -> None:
+        super().__init__()
         self.name = name
         self.watchdog_s = watchdog_s
         self.quarantine = quarantine

@@ -30,6 +30,7 @@ class ScriptedQueue(WatchedQueue):
     """A watched queue whose work finishes at the `finish_at`-th sweep (never if None)."""
 
     def __init__(self, finish_at: int | None) -> None:
+        super().__init__()
         self.finish_at = finish_at
         self.sweeps = 0
         self.watching = False
