@@ -509,13 +509,19 @@ class AccessTracker(Generic[U]):
         previous = chain.previous
         slots = chain.slots
         result: list[tuple[U, ...]] = []
+        earlier = last is not None and last.left > 0
         for region in range(len(users)):
-            deps = [users[j] for j in own[region]]
-            if last is not None and last.left:
-                for j in previous[region]:
-                    if last.pending >> j & 1:
-                        deps.append(last.users[j])
-            result.append(tuple(deps))
+            waits = own[region]
+            before = previous[region] if earlier else ()
+            if waits or before:
+                deps = [users[j] for j in waits]
+                if last is not None:
+                    for j in before:
+                        if last.pending >> j & 1:
+                            deps.append(last.users[j])
+                result.append(tuple(deps))
+            else:
+                result.append(())  # (no list and no tuple made: a 1-node graph's usual case)
             for index in slots[region]:
                 mark = marks[index]
                 if not mark.pending:
