@@ -130,7 +130,7 @@ class Outcomes(RegionOwner):
         if chained is None:
             self.tracker.forget(run)
         else:
-            run.chained = None
+            run.chained = None  # (the replay holds its regions: no cycle left behind)
             self.tracker.forget_chained(chained, run.index)
         if run.clears:
             run.run_clears(ran=False)  # ended without running: it clears nothing any more

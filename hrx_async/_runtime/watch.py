@@ -191,9 +191,7 @@ class QueueWatch:
                 finished, remaining = queue.sweep(budget)
                 budget -= finished
                 if not remaining or (idle and now > queue.watch_deadline):
-                    del watched[queue]
-                    queue.watch_deadline = -1.0
-                    queue.unwatch()
+                    self._stop_watching(queue)
                 break
         else:
             # The queue watched last first: work chained across queues is usually launched
@@ -204,9 +202,7 @@ class QueueWatch:
                 finished, remaining = queue.sweep(budget)
                 budget -= finished
                 if not remaining or (idle and now > queue.watch_deadline):
-                    del watched[queue]
-                    queue.watch_deadline = -1.0
-                    queue.unwatch()
+                    self._stop_watching(queue)
                 if budget <= 0:
                     if queue in watched and len(watched) > 1:
                         # The others get the first turn next pass: it moves to the far end.
@@ -217,6 +213,12 @@ class QueueWatch:
         if finished:
             self.sweep_budget = budget
             del self.ends[:finished]
+
+    def _stop_watching(self, queue: WatchedQueue) -> None:
+        """The one way a queue leaves the watch: its waiter takes over what is left."""
+        del self.watched[queue]
+        queue.watch_deadline = -1.0
+        queue.unwatch()
 
     def spin_near_end(self, pending: Any) -> None:
         """Keep sweeping, without yielding, while `pending.remaining` regions of the caller's
@@ -301,10 +303,8 @@ class QueueWatch:
 
     def close(self) -> None:
         self.closed = True
-        for queue in self.watched:
-            queue.watch_deadline = -1.0
-            queue.unwatch()
-        self.watched.clear()
+        for queue in list(self.watched):
+            self._stop_watching(queue)
         if self.watcher is not None:
             self._wake_watcher()
 

@@ -129,17 +129,16 @@ class StreamFence(Fence):
         track = self._track
         track.acquire()
         try:
-            if not self._done:
-                if self._follower is None:
-                    self._follower = follower
-                elif self._callbacks is None:  # a second follower: told as a callback
-                    self._callbacks = [follower.fence_finished]
-                else:
-                    self._callbacks.append(follower.fence_finished)
+            done = self._done
+            if not done and self._follower is None:
+                self._follower = follower
                 return
         finally:
             track.release()
-        follower.fence_finished(self)
+        if done:
+            follower.fence_finished(self)
+        else:
+            self.add_done_callback(follower.fence_finished)  # a second follower
 
     def _mark(self, error: BaseException | None, started_at: float, now: float) -> None:
         """Finish under the track's lock; whoever marked it then runs its callbacks outside
