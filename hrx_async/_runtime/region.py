@@ -333,6 +333,7 @@ class Submission(CompletionSource):
         "device_error",
         "error",
         "label",
+        "lanes",
         "remaining",
         "runs",
         "scheduler",
@@ -355,6 +356,9 @@ class Submission(CompletionSource):
         self.error: BaseException | None = None
         self.device_error: BaseException | None = None
         self.runs: list[RegionRun] = []
+        self.lanes: list[Any] | None = None
+        """Its prepared graph's lane tasks per region (`ReplayPlan.lanes`), where it has one.
+        (Typed loosely here: the lane tasks' module imports this one.)"""
         self.remaining = 0
         self.skipped = False
         """Some region was skipped (cancelled before it ran)."""

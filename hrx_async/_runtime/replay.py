@@ -20,6 +20,7 @@ from .host import AsyncHostProgram
 if TYPE_CHECKING:
     from .._core.lane import Lane
     from .._core.memory import Buffer
+    from .lane_task import LaneRunner
 
 ByteAccess = tuple[int, int, int, bool]
 """(buffer ident, start, end, writes)"""
@@ -67,6 +68,10 @@ class ReplayPlan:
         """Smoothed observed duration of each region, seconds: how long to watch its queue."""
         self.queues: list[Any] = [None] * len(programs)
         """Per region, its provider's queue, looked up on first use (queues are made lazily)."""
+        self.lanes: list[LaneRunner | None] = [None] * len(programs)
+        """Per region, its lane's task, looked up by key on first use: a session's
+        scheduler, and so its lanes, stay the same for the session's life (a lookup by a
+        (lane, device) key costs a tuple's hash and comparison per region)."""
         coherent = tuple(getattr(program, "coherent_reads", ()) for program in programs)
         regions = plan.regions
         self.steps: tuple[ReplayStep, ...] = tuple(

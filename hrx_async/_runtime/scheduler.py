@@ -176,6 +176,7 @@ class Scheduler(Outcomes):
                 early_error = exc
 
         submission = Submission(self, replay.label, after_items, started)
+        submission.lanes = replay.lanes
         tracker = self.tracker
         estimates = replay.estimates
         runs = submission.runs
@@ -330,8 +331,13 @@ class Scheduler(Outcomes):
         """
         step = replay.steps[0]
         program, provider, key, accesses, budget_us = step[1], step[2], step[3], step[4], step[8]
-        lane = self.lanes.get(key)
-        if lane is None or lane.items or lane.current is not None:
+        lane = replay.lanes[0]
+        if lane is None:
+            lane = self.lanes.get(key)
+            if lane is None:
+                return None
+            replay.lanes[0] = lane
+        if lane.items or lane.current is not None:
             return None
         allocs = self.tracker.allocations
         for access in accesses:
@@ -379,9 +385,14 @@ class Scheduler(Outcomes):
             else:
                 self._attach(run, first)  # (its poison was cleared in `submit`)
             runs = runs[1:]
+        known: list[LaneRunner | None] | None = submission.lanes
         for run in runs:
-            key = run.key
-            lane = lanes.get(key) or self._start_lane(key)
+            lane = None if known is None else known[run.index]
+            if lane is None:
+                key = run.key
+                lane = lanes.get(key) or self._start_lane(key)
+                if known is not None:
+                    known[run.index] = lane
             if direct and not lane.items and lane.current is None:
                 waits = self._device_waits(run)
                 if waits is not None:

@@ -127,16 +127,25 @@ class StreamQueue(WatchedQueue):
                     calls.stream_wait_event(stream, event)
                     return fence
             return None
-        latest: dict[StreamFences, StreamFence] = {}
+        # The latest fence per other stream: a list scanned in place, not a dictionary
+        # (there are a few streams at most, and compiled, a list's operations are direct).
+        latest: list[StreamFence] = []
         for fence in waits:
             if isinstance(fence, StreamFence):
                 track = fence.track
                 if track is not own:
-                    known = latest.get(track)
-                    if known is None or fence.sequence > known.sequence:
-                        latest[track] = fence
+                    seen = False
+                    for index in range(len(latest)):
+                        known = latest[index]
+                        if known.track is track:
+                            seen = True
+                            if fence.sequence > known.sequence:
+                                latest[index] = fence
+                            break
+                    if not seen:
+                        latest.append(fence)
         waited: list[StreamFence] = []
-        for fence in latest.values():
+        for fence in latest:
             event = fence.pending_event()
             if event is not None:
                 calls.stream_wait_event(stream, event)
